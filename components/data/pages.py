@@ -1,0 +1,194 @@
+"""Page records and the on-disk dataset layout every stage reads and writes.
+
+A dataset is a folder holding ``pages.jsonl`` (one :class:`Page` per line) and ``images/``.
+Writes go through a temporary file and an atomic rename, so a crash mid-write never leaves
+a half-written manifest behind (curation steps rely on that to be resumable).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from PIL import Image, UnidentifiedImageError
+
+from components.data.markup import ALL_CATEGORIES, BLOCK_CATEGORIES, MarkupBlock, render_markup
+
+MANIFEST_NAME = "pages.jsonl"
+IMAGES_DIR = "images"
+
+
+class InvalidPageError(ValueError):
+    """A page image or record that cannot be used (corrupt, empty, zero-size, malformed)."""
+
+
+@dataclass
+class LayoutElement:
+    """One laid-out element: category, pixel box (x0, y0, x1, y1) and its markup content."""
+
+    category: str
+    bbox: tuple[float, float, float, float]
+    content: str = ""
+
+    def __post_init__(self) -> None:
+        if self.category not in ALL_CATEGORIES:
+            raise InvalidPageError(f"unknown element category {self.category!r}; expected {ALL_CATEGORIES}")
+        self.bbox = tuple(float(v) for v in self.bbox)  # type: ignore[assignment]
+        x0, y0, x1, y1 = self.bbox
+        if x1 < x0 or y1 < y0:
+            raise InvalidPageError(f"element box {self.bbox} has negative size")
+
+
+@dataclass
+class Page:
+    """A page image with its ground truth (or predicted) markup and layout.
+
+    ``elements`` are in reading order. ``meta`` carries provenance and curation state
+    (pre-annotation confidence, consistency score C(x), annotator corrections, ...).
+    """
+
+    page_id: str
+    image: str  # path relative to the dataset folder
+    width: int
+    height: int
+    elements: list[LayoutElement] = field(default_factory=list)
+    source: str = "synthetic"
+    meta: dict = field(default_factory=dict)
+    markup_override: str | None = None  # set when markup came from a person or model, not elements
+
+    @property
+    def markup(self) -> str:
+        """The page's target markup: body elements in reading order (headers/footers excluded)."""
+        if self.markup_override is not None:
+            return self.markup_override
+        return render_markup(
+            [MarkupBlock(e.category, e.content) for e in self.elements if e.category in BLOCK_CATEGORIES]
+        )
+
+    def to_json(self) -> dict:
+        record = asdict(self)
+        record["markup"] = self.markup
+        return record
+
+    @classmethod
+    def from_json(cls, record: dict) -> Page:
+        try:
+            elements = [LayoutElement(e["category"], tuple(e["bbox"]), e.get("content", "")) for e in record.get("elements", [])]
+            page = cls(
+                page_id=str(record["page_id"]),
+                image=str(record["image"]),
+                width=int(record["width"]),
+                height=int(record["height"]),
+                elements=elements,
+                source=record.get("source", "unknown"),
+                meta=dict(record.get("meta", {})),
+                markup_override=record.get("markup_override"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidPageError(f"malformed page record {record.get('page_id', '?')!r}: {exc}") from exc
+        return page
+
+
+def validate_image(image: Image.Image, *, what: str = "page image") -> Image.Image:
+    """Reject images no model can read: zero-size or blank-to-the-pixel pages."""
+    if image.width == 0 or image.height == 0:
+        raise InvalidPageError(f"{what} has zero size ({image.width}x{image.height})")
+    if image.width < 8 or image.height < 8:
+        raise InvalidPageError(f"{what} is too small to read ({image.width}x{image.height}); need at least 8x8")
+    return image
+
+
+def load_image(source: str | os.PathLike | bytes) -> Image.Image:
+    """Open an image from a path or bytes and fully decode it, with a clear error if it is corrupt."""
+    what = "page image" if isinstance(source, bytes) else f"page image {os.fspath(source)!r}"
+    try:
+        handle = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")  # noqa: SIM115
+        with handle, Image.open(handle) as image:
+            image.load()
+            decoded = image.convert("RGB")
+    except FileNotFoundError as exc:
+        raise InvalidPageError(f"{what} does not exist") from exc
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise InvalidPageError(f"{what} is corrupt or not an image: {exc}") from exc
+    return validate_image(decoded, what=what)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a file so readers see either the old or the new content, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class PageDataset:
+    """A folder of pages: ``pages.jsonl`` plus ``images/``. Cheap to open; pages load lazily."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / MANIFEST_NAME
+
+    def exists(self) -> bool:
+        return self.manifest.exists()
+
+    def pages(self) -> list[Page]:
+        if not self.manifest.exists():
+            raise FileNotFoundError(f"no dataset at {self.root} (missing {MANIFEST_NAME})")
+        pages = []
+        for line_no, line in enumerate(self.manifest.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                pages.append(Page.from_json(json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise InvalidPageError(f"{self.manifest}:{line_no} is not valid JSON: {exc}") from exc
+        return pages
+
+    def __iter__(self) -> Iterator[Page]:
+        return iter(self.pages())
+
+    def __len__(self) -> int:
+        return len(self.pages()) if self.exists() else 0
+
+    def image_path(self, page: Page) -> Path:
+        return self.root / page.image
+
+    def load_image(self, page: Page) -> Image.Image:
+        return load_image(self.image_path(page))
+
+    def write(self, pages: Iterable[Page]) -> None:
+        """Replace the manifest with ``pages`` (atomically)."""
+        text = "".join(json.dumps(p.to_json(), ensure_ascii=False) + "\n" for p in pages)
+        atomic_write_text(self.manifest, text)
+
+    def save_image(self, page_id: str, image: Image.Image) -> str:
+        """Store an image as PNG under ``images/`` and return its dataset-relative path."""
+        relative = f"{IMAGES_DIR}/{page_id}.png"
+        target = self.root / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".png.tmp")
+        image.save(tmp, format="PNG")
+        os.replace(tmp, target)
+        return relative
+
+    def upsert(self, pages: Iterable[Page]) -> None:
+        """Insert or replace pages by ``page_id``, keeping order of first appearance."""
+        current = {p.page_id: p for p in self.pages()} if self.exists() else {}
+        for page in pages:
+            current[page.page_id] = page
+        self.write(current.values())

@@ -1,0 +1,202 @@
+"""The one decoding loop, shared by evaluation, benchmarks and the Triton backends.
+
+Every algorithm (AR, DARL SDB, MinerU block diffusion, PA-BDM PPC) is a :class:`Strategy` that
+plans a row's next forward and accepts tokens from its logits; this module owns everything
+else once: the image prefill, batching rows of different lengths into one forward, the KV cache
+(rejected speculative entries are cropped; rows that accepted less than others leave masked
+holes), explicit attention masks, stopping at ``<eos>`` / the token budget / the model's
+position limit, streaming of committed text, and speed accounting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from PIL import Image
+from transformers import PreTrainedTokenizerFast
+
+from components.data.pages import validate_image
+from components.decoding import masks
+from components.decoding.ar import AutoregressiveStrategy
+from components.decoding.block_diffusion import BlockDiffusionStrategy
+from components.decoding.ppc import PrefixCommitmentStrategy
+from components.decoding.sdb import SlidingDiffusionBlockStrategy
+from components.decoding.strategy import SpecialIds, Strategy
+from components.decoding.types import CommitEvent, DecodeParams, DecodeResult, DecodeStats, RowState
+from models.interface import MarkupLM
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    "ar": AutoregressiveStrategy,
+    "sdb": SlidingDiffusionBlockStrategy,
+    "block": BlockDiffusionStrategy,
+    "ppc": PrefixCommitmentStrategy,
+}
+
+
+def special_ids_of(tokenizer: PreTrainedTokenizerFast) -> SpecialIds:
+    lookup = tokenizer.convert_tokens_to_ids
+    ids = SpecialIds(
+        bos=tokenizer.bos_token_id, eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id,
+        init=lookup("<INIT>"), mask=lookup("<MASK>"),
+    )
+    if None in (ids.bos, ids.eos, ids.pad):
+        raise ValueError("tokenizer must define <bos>, <eos> and <pad>")
+    return ids
+
+
+class DecodingEngine:
+    """Decode page images to markup with any strategy; stream commits as they happen."""
+
+    def __init__(self, model: MarkupLM, tokenizer: PreTrainedTokenizerFast):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.ids = special_ids_of(tokenizer)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device: str = "cpu") -> DecodingEngine:
+        from models.loading import load_markup_model
+
+        model, tokenizer = load_markup_model(path, device=device)
+        return cls(model, tokenizer)
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.model, "max_positions", 1 << 30))
+
+    def generate(self, images: list[Image.Image], params: DecodeParams | None = None) -> list[DecodeResult]:
+        """Decode a batch to completion."""
+        params = params or DecodeParams()
+        rows: dict[int, RowState] = {}
+        for _event in self._run(images, params, rows):
+            pass
+        return [self._result(rows[i]) for i in range(len(images))]
+
+    def stream(self, images: list[Image.Image], params: DecodeParams | None = None) -> Iterator[CommitEvent]:
+        """Yield every commit of every row. Closing the iterator cancels the remaining work."""
+        return self._run(images, params or DecodeParams(), {})
+
+    # ------------------------------------------------------------------------------------
+    def _result(self, row: RowState) -> DecodeResult:
+        generated = [t for t in row.generated if t != self.ids.eos]
+        return DecodeResult(
+            token_ids=row.generated, text=self.tokenizer.decode(generated, skip_special_tokens=True),
+            stats=row.stats, confidences=row.confidences, finished=row.finished, truncated=row.truncated,
+        )
+
+    def _run(self, images: list[Image.Image], params: DecodeParams, rows: dict[int, RowState]) -> Iterator[CommitEvent]:
+        if not images:
+            raise ValueError("decode needs at least one page image")
+        for i, image in enumerate(images):
+            if not isinstance(image, Image.Image):
+                raise TypeError(f"page {i} is a {type(image).__name__}, expected a PIL image")
+            validate_image(image, what=f"page image {i}")
+        strategy = STRATEGIES[params.decoder](params, self.ids)
+        started = time.perf_counter()
+        device = self.model.device
+        empty_prompt = torch.zeros(len(images), 0, dtype=torch.long, device=device)
+        _, cache = self.model.prefill(images, empty_prompt)
+        n_prefix = cache.get_seq_length()
+        # Leave room for the widest forward (stored block + speculative segment) below the position limit.
+        budget = min(params.max_new_tokens, self.max_positions - n_prefix - 2 * strategy.spec_length - 1)
+        if budget < 1:
+            raise ValueError(f"model allows {self.max_positions} positions; the image prefix alone takes {n_prefix}")
+        for i in range(len(images)):
+            generator = None
+            if params.seed is not None:
+                generator = torch.Generator(device="cpu").manual_seed(params.seed + i)
+            rows[i] = RowState(row=i, tokens=[self.ids.bos], budget=budget, generator=generator)
+            strategy.start(rows[i])
+        active = [rows[i] for i in range(len(images))]
+        slot_valid = torch.ones(len(images), n_prefix, dtype=torch.bool, device=device)
+
+        while active:
+            plans = [strategy.plan(row) for row in active]
+            n_stored = max(len(plan.stored) for plan in plans)
+            width = n_stored + strategy.spec_length
+            input_ids = torch.full((len(active), width), self.ids.pad, dtype=torch.long)
+            position_ids = torch.zeros((len(active), width), dtype=torch.long)
+            stored_valid = torch.zeros((len(active), n_stored), dtype=torch.bool)
+            for i, (row, plan) in enumerate(zip(active, plans, strict=True)):
+                k = len(plan.stored)
+                first = n_prefix + row.cached  # absolute position of the first stored token
+                input_ids[i, n_stored - k : n_stored] = torch.tensor(plan.stored, dtype=torch.long)
+                position_ids[i, n_stored - k : n_stored] = torch.arange(first, first + k)
+                stored_valid[i, n_stored - k :] = True
+                input_ids[i, n_stored:] = torch.tensor(plan.spec, dtype=torch.long)
+                position_ids[i, n_stored:] = torch.arange(first + k, first + k + strategy.spec_length)
+            attention = masks.decode_step(slot_valid, stored_valid.to(device), strategy.spec_length, strategy.pattern)
+            logits = self.model.forward_tokens(input_ids.to(device), position_ids.to(device), attention, cache)
+            spec_logits = logits[:, n_stored:].float().cpu()
+
+            new_valid = torch.zeros((len(active), width), dtype=torch.bool)
+            new_valid[:, :n_stored] = stored_valid
+            now = time.perf_counter()
+            for i, (row, plan) in enumerate(zip(active, plans, strict=True)):
+                acceptance = strategy.accept(row, spec_logits[i])
+                row.cached += len(plan.stored) + acceptance.keep_spec
+                new_valid[i, n_stored : n_stored + acceptance.keep_spec] = True
+                event = self._commit(row, acceptance.commit, acceptance.confidences, acceptance.decided)
+                row.stats.seconds = now - started
+                if event is not None:
+                    yield event
+
+            slot_valid = torch.cat([slot_valid, new_valid.to(device)], dim=1)
+            cache, slot_valid = self._crop_unused(cache, slot_valid)
+            if any(row.done for row in active):
+                keep = [i for i, row in enumerate(active) if not row.done]
+                active = [active[i] for i in keep]
+                if active:
+                    index = torch.tensor(keep, device=device)
+                    cache.batch_select_indices(index)
+                    slot_valid = slot_valid[index]
+
+    @staticmethod
+    def _crop_unused(cache, slot_valid: torch.Tensor):
+        """Drop trailing cache slots that no row kept (rejected speculation)."""
+        used = slot_valid.any(dim=0).nonzero()
+        keep_len = int(used[-1]) + 1 if used.numel() else 0
+        surplus = slot_valid.shape[1] - keep_len
+        if surplus > 0:
+            cache.crop(-surplus)
+            slot_valid = slot_valid[:, :keep_len]
+        return cache, slot_valid
+
+    def _commit(self, row: RowState, tokens: list[int], confidences: list[float], decided: int) -> CommitEvent | None:
+        """Append accepted tokens to a row, applying <eos> and budget stops; build its stream event."""
+        row.stats.forward_passes += 1
+        row.stats.accepted_lengths.append(decided)
+        tokens = tokens[: row.remaining]
+        if self.ids.eos in tokens:
+            tokens = tokens[: tokens.index(self.ids.eos) + 1]
+            row.finished = True
+        confidences = confidences[: len(tokens)]
+        row.tokens.extend(tokens)
+        row.confidences.extend(confidences)
+        row.stats.new_tokens += len(tokens)
+        row.stats.confidence_sum += sum(confidences)
+        if not row.finished and row.remaining <= 0:
+            row.truncated = True
+        if not tokens and not row.done:
+            return None
+        text = self.tokenizer.decode([t for t in row.generated if t != self.ids.eos], skip_special_tokens=True)
+        stable = text if row.done else text.rstrip("\ufffd")  # hold back a half-decoded UTF-8 character
+        delta, row.emitted_text = stable[len(row.emitted_text) :], stable
+        return CommitEvent(
+            row=row.row, token_ids=tokens, text=delta, confidences=confidences, forward_pass=row.stats.forward_passes,
+            finished=row.finished, truncated=row.truncated,
+        )
+
+
+def decode_stats_summary(results: list[DecodeResult]) -> DecodeStats:
+    """Pool the speed accounting of many pages (forwards and tokens add up, time too)."""
+    total = DecodeStats()
+    for result in results:
+        total.forward_passes += result.stats.forward_passes
+        total.new_tokens += result.stats.new_tokens
+        total.seconds += result.stats.seconds
+        total.accepted_lengths.extend(result.stats.accepted_lengths)
+        total.confidence_sum += result.stats.confidence_sum
+    return total

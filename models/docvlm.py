@@ -1,0 +1,226 @@
+"""A small document VLM built only from ``transformers`` configs: ViT patch encoder + Qwen2 decoder.
+
+The vision encoder's patch features, merged 2x2 and projected, become a prefix of the decoder's
+input embeddings (the dots.ocr / Qwen2-VL recipe without its dynamic resolution). Every
+decoding loop talks to the model through :class:`models.interface.MarkupLM`: ``prefill`` once
+per page, then ``forward_tokens`` with an explicit 4-D attention mask, so one engine drives
+AR, sliding-window and block-diffusion decoding alike.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+import torch
+from huggingface_hub.dataclasses import strict
+from PIL import Image
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    DynamicCache,
+    PreTrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    ViTConfig,
+    ViTModel,
+)
+from transformers.configuration_utils import SubConfigSpec
+
+from models.interface import PagePrefix
+
+
+@strict
+class DocVLMConfig(PreTrainedConfig):
+    """Config of :class:`DocVLMForConditionalGeneration` (saved as ``config.json``)."""
+
+    model_type = "docvlm"
+    sub_configs_defaults = {
+        "vision_config": SubConfigSpec(config_class=AutoConfig, model_type="vit"),
+        "text_config": SubConfigSpec(config_class=AutoConfig, model_type="qwen2"),
+    }
+
+    vision_config: dict | PreTrainedConfig | None = None
+    text_config: dict | PreTrainedConfig | None = None
+    spatial_merge_size: int = 2
+    image_mean: float = 0.5
+    image_std: float = 0.5
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    init_token_id: int | None = None
+    mask_token_id: int | None = None
+    attn_implementation_preference: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"
+    tie_word_embeddings: bool = True
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """(height, width) every page is resized (and padded) to."""
+        size = self.vision_config.image_size
+        return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        patch = self.vision_config.patch_size
+        height, width = self.image_size
+        merge = self.spatial_merge_size
+        return (height // patch // merge) * (width // patch // merge)
+
+
+def tiny_config(vocab_size: int, special_ids: dict[str, int], **overrides) -> DocVLMConfig:
+    """The CPU-sized model: ~3M parameters, a 130-token image prefix for 416x320 pages."""
+    vision = ViTConfig(
+        image_size=[416, 320], patch_size=16, num_channels=1, hidden_size=128, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=256, qkv_bias=True,
+    )
+    text = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=192, num_hidden_layers=4, num_attention_heads=6,
+        num_key_value_heads=2, intermediate_size=512, max_position_embeddings=2048,
+        tie_word_embeddings=True, rope_theta=10000.0,
+    )
+    values = {"vision_config": vision, "text_config": text, **special_ids, **overrides}
+    return DocVLMConfig(**values)
+
+
+def best_attention_implementation(preferred: str = "sdpa") -> str:
+    """flash_attention_2 only where it is installed and a GPU runs; SDPA everywhere else."""
+    if preferred == "flash_attention_2":
+        try:
+            import flash_attn  # noqa: F401
+        except ImportError:
+            return "sdpa"
+        return "flash_attention_2" if torch.cuda.is_available() else "sdpa"
+    return preferred
+
+
+class DocVLMForConditionalGeneration(PreTrainedModel):
+    """Vision prefix + causal decoder. Implements :class:`models.interface.MarkupLM`."""
+
+    config_class = DocVLMConfig
+    base_model_prefix = "docvlm"
+    main_input_name = "pixel_values"
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _tied_weights_keys = {"language_model.lm_head.weight": "language_model.model.embed_tokens.weight"}
+
+    def __init__(self, config: DocVLMConfig):
+        super().__init__(config)
+        attn = best_attention_implementation(config.attn_implementation_preference)
+        config.vision_config._attn_implementation = "sdpa" if attn == "flash_attention_2" else attn
+        config.text_config._attn_implementation = attn
+        self.vision = ViTModel(config.vision_config, add_pooling_layer=False)
+        merged = config.vision_config.hidden_size * config.spatial_merge_size**2
+        self.projector = nn.Sequential(
+            nn.LayerNorm(merged), nn.Linear(merged, config.text_config.hidden_size), nn.GELU(),
+            nn.Linear(config.text_config.hidden_size, config.text_config.hidden_size),
+        )
+        self.language_model = Qwen2ForCausalLM(config.text_config)
+        self.post_init()
+
+    # ----- image side -------------------------------------------------------------------
+    def preprocess(self, images: list[Image.Image]) -> torch.Tensor:
+        """Grayscale, fit into the configured size keeping aspect, pad white, normalize."""
+        height, width = self.config.image_size
+        batch = np.full((len(images), 1, height, width), 255, dtype=np.uint8)
+        for i, image in enumerate(images):
+            gray = image.convert("L")
+            scale = min(width / gray.width, height / gray.height)
+            size = (max(1, round(gray.width * scale)), max(1, round(gray.height * scale)))
+            resized = gray.resize(size, Image.Resampling.BILINEAR) if size != gray.size else gray
+            batch[i, 0, : size[1], : size[0]] = np.asarray(resized)
+        pixels = torch.from_numpy(batch).float().div_(255.0)
+        return ((pixels - self.config.image_mean) / self.config.image_std).to(self.device, self.dtype)
+
+    def encode_images(self, pixel_values: torch.Tensor) -> PagePrefix:
+        """Patch features, merged spatially and projected to the decoder's width."""
+        hidden = self.vision(pixel_values=pixel_values.to(self.dtype)).last_hidden_state[:, 1:]  # drop CLS
+        batch, _, dim = hidden.shape
+        patch, merge = self.config.vision_config.patch_size, self.config.spatial_merge_size
+        rows, cols = pixel_values.shape[-2] // patch, pixel_values.shape[-1] // patch
+        grid = hidden.reshape(batch, rows // merge, merge, cols // merge, merge, dim)
+        merged = grid.permute(0, 1, 3, 2, 4, 5).reshape(batch, (rows // merge) * (cols // merge), merge * merge * dim)
+        return PagePrefix(embeds=self.projector(merged))
+
+    # ----- text side --------------------------------------------------------------------
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.language_model.get_input_embeddings()(input_ids)
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        prefix: PagePrefix | None = None,
+        **kwargs,
+    ):
+        """Training forward over ``[image prefix, tokens]``; logits cover the token part only.
+
+        ``attention_mask`` may be a 4-D bool mask over the full (prefix + tokens) sequence, which
+        is how block-diffusion objectives ask for bidirectional attention inside blocks.
+        """
+        if prefix is None:
+            if pixel_values is None:
+                raise ValueError("forward needs pixel_values or an encoded prefix")
+            prefix = self.encode_images(pixel_values)
+        token_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = torch.cat([prefix.embeds, token_embeds], dim=1)
+        n_prefix = prefix.embeds.shape[1]
+        out = self.language_model.model(
+            inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
+        hidden = out.last_hidden_state[:, n_prefix:]
+        logits = self.language_model.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100
+            )
+        return {"loss": loss, "logits": logits}
+
+    # ----- MarkupLM interface used by the decoding engine -----------------------------------
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.config.num_prefix_tokens
+
+    @property
+    def max_positions(self) -> int:
+        return int(self.config.text_config.max_position_embeddings)
+
+    @torch.inference_mode()
+    def prefill(self, images: list[Image.Image], prompt_ids: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
+        """Encode pages and run ``[prefix, prompt]`` once; returns prompt logits and the KV cache."""
+        prefix = self.encode_images(self.preprocess(images))
+        inputs_embeds = torch.cat([prefix.embeds, self.embed_tokens(prompt_ids.to(self.device))], dim=1)
+        cache = DynamicCache(config=self.config.text_config)
+        out = self.language_model(inputs_embeds=inputs_embeds, cache=cache, use_cache=True)
+        return out.logits[:, prefix.embeds.shape[1] :], cache
+
+    @torch.inference_mode()
+    def forward_tokens(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        """One decoder forward over new tokens; appends their KV to ``cache``. Mask is (B,1,Q,K) bool."""
+        out = self.language_model(
+            input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, cache=cache, use_cache=True
+        )
+        return out.logits
+
+
+AutoConfig.register("docvlm", DocVLMConfig)
+AutoModel.register(DocVLMConfig, DocVLMForConditionalGeneration)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def prefix_grid(config: DocVLMConfig) -> tuple[int, int]:
+    """Rows and columns of merged image tokens (for reading layout off the prefix)."""
+    height, width = config.image_size
+    step = config.vision_config.patch_size * config.spatial_merge_size
+    return math.ceil(height / step), math.ceil(width / step)

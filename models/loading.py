@@ -1,0 +1,71 @@
+"""Load any supported page-to-markup checkpoint from a local folder, tiny or real.
+
+A model folder holds ``config.json`` + weights + tokenizer files (what ``save_pretrained``
+writes). The config's ``model_type`` picks the family: ``docvlm`` is ours; Qwen2-VL-style
+checkpoints (dots.ocr, Qwen2-VL, Qwen2.5-VL) go through :mod:`models.qwen2_vl_adapter`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from components.tokenizer import SPECIAL_TOKENS, load_tokenizer, special_token_ids
+from models.docvlm import DocVLMConfig, DocVLMForConditionalGeneration, tiny_config
+from models.interface import MarkupLM
+
+QWEN2_VL_FAMILY = ("qwen2_vl", "qwen2_5_vl", "dots_ocr")
+
+
+class ModelLoadError(RuntimeError):
+    """A model folder that is missing, incomplete, or of an unsupported family."""
+
+
+def model_family(path: str | Path) -> str:
+    config_file = Path(path) / "config.json"
+    if not config_file.exists():
+        raise ModelLoadError(f"{path} is not a model folder (no config.json)")
+    try:
+        return json.loads(config_file.read_text())["model_type"]
+    except (json.JSONDecodeError, KeyError) as exc:
+        raise ModelLoadError(f"{config_file} has no readable model_type: {exc}") from exc
+
+
+def load_markup_model(
+    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> tuple[MarkupLM, PreTrainedTokenizerFast]:
+    """The model (in eval mode) and its tokenizer, ready for the decoding engine."""
+    path = Path(path)
+    family = model_family(path)
+    if family == "docvlm":
+        model = DocVLMForConditionalGeneration.from_pretrained(str(path), dtype=dtype or torch.float32)
+        tokenizer = load_tokenizer(path)
+    elif family in QWEN2_VL_FAMILY:
+        from models.qwen2_vl_adapter import Qwen2VLMarkupModel
+
+        model, tokenizer = Qwen2VLMarkupModel.load(path, dtype=dtype)
+    else:
+        raise ModelLoadError(f"unsupported model family {family!r} at {path}; supported: docvlm, {', '.join(QWEN2_VL_FAMILY)}")
+    model.to(device).eval()
+    return model, tokenizer
+
+
+def new_tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, **overrides) -> DocVLMForConditionalGeneration:
+    """A freshly initialised CPU-sized model whose special ids match ``tokenizer``."""
+    missing = [t for t in SPECIAL_TOKENS if t not in tokenizer.get_vocab()]
+    if missing:
+        raise ModelLoadError(f"tokenizer lacks special tokens {missing}")
+    torch.manual_seed(seed)
+    config: DocVLMConfig = tiny_config(len(tokenizer), special_token_ids(tokenizer), **overrides)
+    return DocVLMForConditionalGeneration(config).eval()
+
+
+def save_markup_model(model: DocVLMForConditionalGeneration, tokenizer: PreTrainedTokenizerFast, path: str | Path) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    return path
