@@ -1,0 +1,216 @@
+"""Score and time every decoder on one dataset with one model, in one run.
+
+Quality is OmniDocBench-style (``components.metrics``); speed is forward passes per page,
+tokens per forward and tokens/s from the shared engine's accounting. Ratios against AR are
+taken inside the same run on the same pages, so machine load affects both sides alike.
+Used by the benchmark script, the evaluation flow and the registry's promotion gates.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from components.data.pages import Page, PageDataset
+from components.decoding.engine import DecodingEngine, decode_stats_summary
+from components.decoding.types import DECODERS, DecodeParams, DecodeResult
+from components.metrics import aggregate_scores, score_page
+
+CATEGORY_METRICS = ("text_edit", "table_teds", "table_teds_s", "formula_edit", "reading_order_edit", "overall")
+
+
+@dataclass
+class DecoderEvaluation:
+    """One decoder's quality and speed on a dataset."""
+
+    name: str
+    params: dict
+    scores: dict[str, float]
+    speed: dict
+    pages: list[dict] = field(default_factory=list)
+    outputs: dict[str, list[int]] = field(default_factory=dict)  # page_id -> generated token ids
+    wall_seconds: float = 0.0
+
+    @property
+    def overall(self) -> float:
+        return float(self.scores.get("overall", 0.0))
+
+
+@dataclass
+class EvaluationReport:
+    """All decoders on the same pages, with their ratios against the AR baseline."""
+
+    n_pages: int
+    decoders: dict[str, DecoderEvaluation]
+    baseline: str = "ar"
+
+    def ratios(self) -> dict[str, dict[str, float]]:
+        """Per decoder: speedups over AR (>1 = faster) and score delta (points of Overall)."""
+        base = self.decoders[self.baseline]
+        table = {}
+        for name, ev in self.decoders.items():
+            table[name] = {
+                "forward_reduction": _ratio(base.speed["forward_passes"], ev.speed["forward_passes"]),
+                "tps_speedup": _ratio(ev.speed["tokens_per_second"], base.speed["tokens_per_second"]),
+                "wall_speedup": _ratio(base.wall_seconds, ev.wall_seconds),
+                "overall_delta": ev.overall - base.overall,
+                "same_output_as_ar": _same_output_fraction(ev, base),
+            }
+        return table
+
+    def as_dict(self) -> dict:
+        return {
+            "n_pages": self.n_pages,
+            "baseline": self.baseline,
+            "decoders": {
+                name: {k: v for k, v in asdict(ev).items() if k not in ("pages", "outputs")} | {"overall": ev.overall}
+                for name, ev in self.decoders.items()
+            },
+            "ratios": self.ratios(),
+        }
+
+    def flat_metrics(self) -> dict[str, float]:
+        """``<decoder>.<metric>`` floats for MLflow."""
+        flat: dict[str, float] = {}
+        ratios = self.ratios()
+        for name, ev in self.decoders.items():
+            for key, value in ev.scores.items():
+                flat[f"{name}.{key}"] = float(value)
+            for key in ("forward_passes", "new_tokens", "tokens_per_forward", "tokens_per_second", "mean_confidence"):
+                flat[f"{name}.{key}"] = float(ev.speed[key])
+            flat[f"{name}.forwards_per_page"] = ev.speed["forward_passes"] / max(1, self.n_pages)
+            for key, value in ratios[name].items():
+                flat[f"{name}.{key}"] = float(value)
+        return flat
+
+    def table(self) -> str:
+        """A fixed-width table for terminals and logs."""
+        ratios = self.ratios()
+        header = f"{'decoder':<8} {'overall':>8} {'text_ed':>8} {'TEDS':>6} {'form_ed':>8} {'fwd/page':>9} {'TPF':>6} {'tok/s':>8} {'fwd x':>7} {'tok/s x':>8} {'=AR':>5}"
+        lines = [header, "-" * len(header)]
+        for name, ev in self.decoders.items():
+            s, r = ev.scores, ratios[name]
+            lines.append(
+                f"{name:<8} {ev.overall:8.2f} {_fmt(s.get('text_edit')):>8} {_fmt(s.get('table_teds')):>6} "
+                f"{_fmt(s.get('formula_edit')):>8} {ev.speed['forward_passes'] / max(1, self.n_pages):9.1f} "
+                f"{ev.speed['tokens_per_forward']:6.2f} {ev.speed['tokens_per_second']:8.1f} "
+                f"{r['forward_reduction']:7.2f} {r['tps_speedup']:8.2f} {r['same_output_as_ar']:5.2f}"
+            )
+        return "\n".join(lines)
+
+    def write_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.as_dict(), indent=2))
+        return path
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return float(numerator) / float(denominator) if denominator else 0.0
+
+
+def _same_output_fraction(ev: DecoderEvaluation, base: DecoderEvaluation) -> float:
+    shared = [pid for pid in ev.outputs if pid in base.outputs]
+    if not shared:
+        return 0.0
+    return sum(ev.outputs[pid] == base.outputs[pid] for pid in shared) / len(shared)
+
+
+def evaluate_decoder(
+    engine: DecodingEngine, dataset: PageDataset, params: DecodeParams, pages: Sequence[Page] | None = None,
+    batch_size: int = 1,
+) -> DecoderEvaluation:
+    """Decode every page and score it against its ground-truth markup.
+
+    ``batch_size=1`` gives per-page latency and tokens/s comparable across decoders.
+    """
+    pages = list(pages if pages is not None else dataset.pages())
+    if not pages:
+        raise ValueError(f"dataset {dataset.root} has no pages to evaluate")
+    results: list[DecodeResult] = []
+    started = time.perf_counter()
+    for first in range(0, len(pages), batch_size):
+        chunk = pages[first : first + batch_size]
+        results.extend(engine.generate([dataset.load_image(p) for p in chunk], params))
+    wall = time.perf_counter() - started
+    page_scores = [score_page(r.text, p.markup) for p, r in zip(pages, results, strict=True)]
+    rows = [
+        {
+            "page_id": p.page_id,
+            **{k: getattr(s, k) for k in CATEGORY_METRICS},
+            "forward_passes": r.stats.forward_passes,
+            "new_tokens": r.stats.new_tokens,
+            "truncated": r.truncated,
+            "mean_confidence": r.stats.mean_confidence,
+        }
+        for p, r, s in zip(pages, results, page_scores, strict=True)
+    ]
+    return DecoderEvaluation(
+        name=params.decoder, params=asdict(params), scores=aggregate_scores(page_scores).as_dict(),
+        speed=decode_stats_summary(results).as_dict(), pages=rows,
+        outputs={p.page_id: r.token_ids for p, r in zip(pages, results, strict=True)}, wall_seconds=wall,
+    )
+
+
+def evaluate_decoders(
+    engine: DecodingEngine, dataset: PageDataset, decoders: Sequence[DecodeParams] | None = None,
+    limit: int | None = None, batch_size: int = 1,
+) -> EvaluationReport:
+    """Run each decoder on the same pages; AR is always included as the baseline."""
+    decoders = list(decoders or [DecodeParams(decoder=name) for name in DECODERS])
+    if not any(p.decoder == "ar" for p in decoders):
+        decoders.insert(0, DecodeParams(decoder="ar", max_new_tokens=decoders[0].max_new_tokens))
+    names = [p.decoder for p in decoders]
+    if len(set(names)) != len(names):
+        raise ValueError(f"each decoder may appear once per report, got {names}")
+    pages = dataset.pages()[:limit] if limit else dataset.pages()
+    evaluations = {p.decoder: evaluate_decoder(engine, dataset, p, pages, batch_size) for p in decoders}
+    return EvaluationReport(n_pages=len(pages), decoders=evaluations)
+
+
+def plot_score_vs_speed(report: EvaluationReport, path: str | Path) -> Path:
+    """Overall score against tokens/s, one point per decoder (an MLflow artifact)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for name, ev in report.decoders.items():
+        ax.scatter(ev.speed["tokens_per_second"], ev.overall, s=60)
+        ax.annotate(f"{name} (TPF {ev.speed['tokens_per_forward']:.2f})", (ev.speed["tokens_per_second"], ev.overall),
+                    textcoords="offset points", xytext=(5, 5))
+    ax.set_xlabel("tokens / s")
+    ax.set_ylabel("Overall (OmniDocBench-style)")
+    ax.set_title(f"Score vs speed on {report.n_pages} pages")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_category_tables(report: EvaluationReport, folder: str | Path) -> list[Path]:
+    """Per-page, per-category CSV of each decoder (an MLflow artifact)."""
+    import csv
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, ev in report.decoders.items():
+        path = folder / f"{name}_pages.csv"
+        with path.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(ev.pages[0].keys()))
+            writer.writeheader()
+            writer.writerows(ev.pages)
+        written.append(path)
+    return written

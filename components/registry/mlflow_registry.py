@@ -1,0 +1,179 @@
+"""MLflow tracking and model registry: log evaluations, register versions, gate the champion alias.
+
+MLflow 3 deprecated stages, so promotion is an alias (``champion``) moved only when gates pass.
+Metrics are logged on the run that produced the version, which is where the registry UI and
+``get_model_version`` look for them (a recurring complaint when they are logged elsewhere).
+The default store is SQLite under ``var/mlflow``; a tracking server URL works the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from components.evaluation.evaluate import EvaluationReport, plot_score_vs_speed, write_category_tables
+from components.services.process import VAR_DIR
+
+DEFAULT_MODEL_NAME = "docmarkup"
+CHAMPION_ALIAS = "champion"
+
+
+def default_tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else a SQLite file under ``var/mlflow``."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    folder = VAR_DIR / "mlflow"
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def configure(tracking_uri: str | None = None, experiment: str = "docmarkup") -> str:
+    """Point MLflow at the store and make sure the experiment exists; returns its id.
+
+    With a SQLite store, artifacts go to ``var/mlflow/artifacts`` instead of ``./mlruns``
+    relative to whatever directory the process happens to run in.
+    """
+    uri = tracking_uri or default_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    existing = mlflow.get_experiment_by_name(experiment)
+    if existing is not None:
+        mlflow.set_experiment(experiment_id=existing.experiment_id)
+        return existing.experiment_id
+    location = None
+    if uri.startswith("sqlite:///"):
+        location = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").resolve().as_uri()
+    experiment_id = mlflow.create_experiment(experiment, artifact_location=location)
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return experiment_id
+
+
+@dataclass(frozen=True)
+class Gates:
+    """What a candidate must show before it becomes champion.
+
+    ``max_score_drop``: how far (Overall points) below the champion's score a candidate may be.
+    ``min_speedup``: the speed ratio over AR, measured in the same run, of ``speed_decoder``.
+    ``min_overall``: an absolute floor, so a first model cannot be champion just by existing.
+    """
+
+    max_score_drop: float = 0.0
+    min_speedup: float = 1.0
+    speed_decoder: str = "sdb"
+    speed_metric: str = "forward_reduction"
+    score_decoder: str = "ar"
+    min_overall: float = 0.0
+
+
+@dataclass
+class PromotionDecision:
+    passed: bool
+    version: str
+    reasons: list[str] = field(default_factory=list)
+    previous_champion: str | None = None
+
+
+def log_evaluation(
+    report: EvaluationReport, model_dir: str | Path, *, params: dict | None = None, data_version: str | None = None,
+    run_name: str = "evaluate", tags: dict | None = None,
+) -> str:
+    """Log one evaluation (metrics, per-category tables, plot, report, model folder) as a run."""
+    with mlflow.start_run(run_name=run_name) as run:
+        mlflow.log_params({k: str(v)[:500] for k, v in (params or {}).items()})
+        mlflow.set_tags({"data_version": data_version or "unversioned", **(tags or {})})
+        mlflow.log_metrics(report.flat_metrics())
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp_path = Path(tmp)
+            report.write_json(tmp_path / "report.json")
+            (tmp_path / "table.txt").write_text(report.table() + "\n")
+            plot_score_vs_speed(report, tmp_path / "score_vs_speed.png")
+            write_category_tables(report, tmp_path / "pages")
+            mlflow.log_artifacts(str(tmp_path), artifact_path="evaluation")
+        mlflow.log_artifacts(str(model_dir), artifact_path="model")
+        return run.info.run_id
+
+
+def register_version(run_id: str, name: str = DEFAULT_MODEL_NAME, description: str = "") -> str:
+    """Register the run's ``model/`` folder as a new version of ``name``; returns the version."""
+    client = MlflowClient()
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name, description="Page image to markup models (docmarkup-ops)")
+    run = client.get_run(run_id)
+    version = client.create_model_version(
+        name, source=f"{run.info.artifact_uri}/model", run_id=run_id, description=description
+    )
+    return str(version.version)
+
+
+def champion(name: str = DEFAULT_MODEL_NAME, alias: str = CHAMPION_ALIAS):
+    """The model version holding the alias, or None."""
+    try:
+        return MlflowClient().get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+
+
+def version_metrics(name: str, version: str) -> dict[str, float]:
+    client = MlflowClient()
+    model_version = client.get_model_version(name, version)
+    return dict(client.get_run(model_version.run_id).data.metrics)
+
+
+def check_gates(candidate: dict[str, float], incumbent: dict[str, float] | None, gates: Gates) -> list[str]:
+    """Reasons the candidate fails (empty list = passes). Pure, so it is tested without MLflow."""
+    failures = []
+    score_key = f"{gates.score_decoder}.overall"
+    speed_key = f"{gates.speed_decoder}.{gates.speed_metric}"
+    score = candidate.get(score_key)
+    if score is None:
+        failures.append(f"candidate has no {score_key} metric")
+    elif score < gates.min_overall:
+        failures.append(f"{score_key}={score:.2f} is below the floor {gates.min_overall:.2f}")
+    if incumbent is not None and score is not None and score_key in incumbent:
+        floor = incumbent[score_key] - gates.max_score_drop
+        if score < floor:
+            failures.append(f"{score_key}={score:.2f} is below the champion's {incumbent[score_key]:.2f} - {gates.max_score_drop}")
+    speed = candidate.get(speed_key)
+    if speed is None:
+        failures.append(f"candidate has no {speed_key} metric")
+    elif speed < gates.min_speedup:
+        failures.append(f"{speed_key}={speed:.2f} is below the required {gates.min_speedup:.2f}x")
+    return failures
+
+
+def promote_if_passing(name: str, version: str, gates: Gates, alias: str = CHAMPION_ALIAS) -> PromotionDecision:
+    """Move ``alias`` to ``version`` only if it passes ``gates`` against the current holder."""
+    current = champion(name, alias)
+    incumbent = None
+    if current is not None and str(current.version) != str(version):
+        incumbent = version_metrics(name, str(current.version))
+    reasons = check_gates(version_metrics(name, version), incumbent, gates)
+    decision = PromotionDecision(
+        passed=not reasons, version=str(version), reasons=reasons,
+        previous_champion=None if current is None else str(current.version),
+    )
+    client = MlflowClient()
+    client.set_model_version_tag(name, version, "gates", json.dumps({"passed": decision.passed, "reasons": reasons, **asdict(gates)}))
+    if decision.passed:
+        client.set_registered_model_alias(name, alias, version)
+    return decision
+
+
+def download_model(uri: str, dst: str | Path | None = None) -> Path:
+    """Fetch a model folder from ``models:/name@alias``, ``models:/name/3``, ``runs:/...`` or a path."""
+    if Path(uri).is_dir():
+        return Path(uri)
+    target = Path(dst) if dst else Path(tempfile.mkdtemp(prefix="docmarkup-model-"))
+    try:
+        local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(target))
+    except MlflowException as exc:
+        raise LookupError(f"cannot resolve model {uri!r} in MLflow at {mlflow.get_tracking_uri()}: {exc}") from exc
+    return Path(local)

@@ -1,0 +1,86 @@
+"""The production request log: what served pages looked like, for drift checks and feedback.
+
+Serving appends one JSON line per page (confidence, output length, decoder, latency, speed) and
+keeps the page image of low-confidence requests, so they can go back to annotators. Appends are
+single ``write`` calls on an ``O_APPEND`` file, so concurrent model instances never interleave
+half lines; a torn last line after a crash is skipped by the reader.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from components.services.process import VAR_DIR
+
+DEFAULT_LOG_DIR = VAR_DIR / "production"
+
+
+@dataclass
+class ServedPage:
+    page_id: str
+    decoder: str
+    mean_confidence: float
+    new_tokens: int
+    forward_passes: int
+    latency_s: float
+    truncated: bool
+    text: str
+    model_version: str = "unknown"
+    timestamp: float = field(default_factory=time.time)
+    image: str | None = None  # relative path of the stored image, for low-confidence pages
+
+
+class RequestLog:
+    """Append-only JSONL log plus an image folder for pages worth a second look."""
+
+    def __init__(self, root: str | Path | None = None, keep_images_below: float = 0.9):
+        self.root = Path(root or os.environ.get("DOCMARKUP_REQUEST_LOG", DEFAULT_LOG_DIR))
+        self.keep_images_below = keep_images_below
+
+    @property
+    def path(self) -> Path:
+        return self.root / "requests.jsonl"
+
+    @staticmethod
+    def page_id_for(image_bytes: bytes) -> str:
+        return "prod-" + hashlib.sha256(image_bytes).hexdigest()[:16]
+
+    def record(self, entry: ServedPage, image_bytes: bytes | None = None) -> ServedPage:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if image_bytes is not None and entry.mean_confidence < self.keep_images_below:
+            relative = f"images/{entry.page_id}.png"
+            target = self.root / relative
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                tmp = target.with_suffix(".tmp")
+                tmp.write_bytes(image_bytes)
+                os.replace(tmp, target)
+            entry.image = relative
+        line = (json.dumps(asdict(entry), ensure_ascii=False) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+        return entry
+
+    def entries(self, since: float | None = None) -> list[ServedPage]:
+        if not self.path.exists():
+            return []
+        entries = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = ServedPage(**json.loads(line))
+            except (json.JSONDecodeError, TypeError):
+                continue  # a torn last line from a crash
+            if since is None or entry.timestamp >= since:
+                entries.append(entry)
+        return entries
+
+    def image_path(self, entry: ServedPage) -> Path | None:
+        return self.root / entry.image if entry.image else None

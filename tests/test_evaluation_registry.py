@@ -1,0 +1,78 @@
+"""Evaluation report, MLflow registration and the champion gates, on a real SQLite MLflow store."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from components.data.synthetic import generate_dataset
+from components.decoding.engine import DecodingEngine
+from components.decoding.types import DecodeParams
+from components.evaluation.evaluate import evaluate_decoders
+from components.registry import mlflow_registry as registry
+from models.loading import new_tiny_model, save_markup_model
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tokenizer, tmp_path_factory):
+    return save_markup_model(new_tiny_model(tokenizer), tokenizer, tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def report(tiny_model_dir, tmp_path_factory):
+    dataset = generate_dataset(tmp_path_factory.mktemp("pages"), 3, seed=123)
+    engine = DecodingEngine.from_pretrained(tiny_model_dir)
+    decoders = [DecodeParams(decoder=name, max_new_tokens=24) for name in ("sdb", "ppc")]
+    return evaluate_decoders(engine, dataset, decoders)
+
+
+def test_report_compares_every_decoder_with_ar_in_one_run(report):
+    assert list(report.decoders) == ["ar", "sdb", "ppc"]  # AR is added as the baseline
+    ratios = report.ratios()
+    assert ratios["ar"]["forward_reduction"] == pytest.approx(1.0)
+    assert ratios["sdb"]["same_output_as_ar"] == 1.0  # greedy SDB is exact
+    assert report.decoders["ar"].speed["tokens_per_forward"] == pytest.approx(1.0)
+    flat = report.flat_metrics()
+    assert {"ar.overall", "sdb.forward_reduction", "ppc.overall_delta", "ar.forwards_per_page"} <= set(flat)
+    assert "decoder" in report.table() and "sdb" in report.table()
+
+
+def test_gates_are_checked_against_the_champion():
+    gates = registry.Gates(max_score_drop=1.0, min_speedup=1.5, min_overall=10.0)
+    good = {"ar.overall": 50.0, "sdb.forward_reduction": 2.0}
+    assert registry.check_gates(good, None, gates) == []
+    assert registry.check_gates(good, {"ar.overall": 50.5}, gates) == []  # within the allowed drop
+    [reason] = registry.check_gates(good, {"ar.overall": 52.0}, gates)
+    assert "below the champion" in reason
+    [reason] = registry.check_gates({"ar.overall": 50.0, "sdb.forward_reduction": 1.2}, None, gates)
+    assert "1.20 is below the required 1.50x" in reason
+    assert len(registry.check_gates({}, None, gates)) == 2
+    assert "below the floor" in registry.check_gates({"ar.overall": 5.0, "sdb.forward_reduction": 2.0}, None, gates)[0]
+
+
+def test_register_and_promote_only_when_gates_pass(report, tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    registry.configure(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="test-registry")
+    gates = registry.Gates(max_score_drop=0.0, min_speedup=0.0)
+    run_1 = registry.log_evaluation(report, tiny_model_dir, params={"stage": "one"}, data_version="abc123")
+    version_1 = registry.register_version(run_1, name="tiny")
+    decision = registry.promote_if_passing("tiny", version_1, gates)
+    assert decision.passed and decision.previous_champion is None
+    assert str(registry.champion("tiny").version) == version_1
+
+    worse = copy.deepcopy(report)
+    worse.decoders["ar"].scores["overall"] = report.decoders["ar"].overall - 5.0
+    run_2 = registry.log_evaluation(worse, tiny_model_dir)
+    version_2 = registry.register_version(run_2, name="tiny")
+    decision = registry.promote_if_passing("tiny", version_2, gates)
+    assert not decision.passed and any("below the champion" in reason for reason in decision.reasons)
+    assert str(registry.champion("tiny").version) == version_1  # alias did not move
+
+    local = registry.download_model("models:/tiny@champion", tmp_path / "download")
+    assert (local / "config.json").exists()
+    page_set = generate_dataset(tmp_path / "p", 1, seed=5)
+    [result] = DecodingEngine.from_pretrained(local).generate([page_set.load_image(page_set.pages()[0])], DecodeParams(max_new_tokens=4))
+    assert result.stats.new_tokens >= 1
+    with pytest.raises(LookupError, match="cannot resolve model"):
+        registry.download_model("models:/tiny@nobody", tmp_path / "nothing")

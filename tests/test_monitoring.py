@@ -1,0 +1,65 @@
+"""Drift checks and the production request log."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from monitoring.drift import check_drift, load_reference, population_stability_index, save_reference
+from monitoring.request_log import RequestLog, ServedPage
+
+
+def _signals(rng: np.random.Generator, n: int, confidence: float, length: float) -> dict[str, list[float]]:
+    return {
+        "mean_confidence": list(np.clip(rng.normal(confidence, 0.03, n), 0, 1)),
+        "new_tokens": list(rng.normal(length, 10, n)),
+    }
+
+
+def test_psi_is_zero_for_identical_and_large_for_shifted_distributions():
+    rng = np.random.default_rng(0)
+    reference = rng.normal(0, 1, 2000)
+    assert population_stability_index(reference, reference) == pytest.approx(0.0, abs=1e-9)
+    assert population_stability_index(reference, rng.normal(0, 1, 2000)) < 0.05
+    assert population_stability_index(reference, rng.normal(1.5, 1, 2000)) > 0.5
+    constant = np.full(50, 3.0)
+    assert population_stability_index(constant, constant) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_drift_is_flagged_only_when_production_moves():
+    rng = np.random.default_rng(1)
+    reference = _signals(rng, 300, confidence=0.95, length=120)
+    same = check_drift(reference, _signals(rng, 200, confidence=0.95, length=120))
+    assert not same.drifted
+    shifted = check_drift(reference, _signals(rng, 200, confidence=0.80, length=120))
+    assert shifted.drifted
+    by_name = {s.signal: s for s in shifted.signals}
+    assert by_name["mean_confidence"].drifted and not by_name["new_tokens"].drifted
+    assert shifted.flat_metrics()["drift.any"] == 1.0
+
+
+def test_drift_check_refuses_tiny_windows_and_missing_reference(tmp_path):
+    rng = np.random.default_rng(2)
+    with pytest.raises(ValueError, match="at least 20 production pages"):
+        check_drift(_signals(rng, 100, 0.9, 100), _signals(rng, 5, 0.9, 100))
+    with pytest.raises(FileNotFoundError, match="no drift reference"):
+        load_reference(tmp_path / "missing.json")
+    rows = [{"mean_confidence": 0.9, "new_tokens": 10, "page_id": "a"}]
+    assert load_reference(save_reference(rows, tmp_path / "ref.json")) == {"mean_confidence": [0.9], "new_tokens": [10.0]}
+
+
+def test_request_log_keeps_images_of_low_confidence_pages_only(tmp_path):
+    log = RequestLog(tmp_path, keep_images_below=0.8)
+    image = b"\x89PNG fake bytes"
+    low = ServedPage(page_id=RequestLog.page_id_for(image), decoder="sdb", mean_confidence=0.5, new_tokens=10,
+                     forward_passes=4, latency_s=0.1, truncated=False, text="x")
+    high = ServedPage(page_id="prod-high", decoder="ar", mean_confidence=0.99, new_tokens=10, forward_passes=10,
+                      latency_s=0.1, truncated=False, text="y")
+    log.record(low, image)
+    log.record(high, b"other")
+    with log.path.open("a") as handle:
+        handle.write('{"page_id": "torn')  # a crash mid-write leaves half a line
+    entries = log.entries()
+    assert [e.page_id for e in entries] == [low.page_id, "prod-high"]
+    assert log.image_path(entries[0]).read_bytes() == image
+    assert entries[1].image is None
