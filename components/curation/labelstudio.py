@@ -1,0 +1,641 @@
+"""The human correction loop on Label Studio: queue low-confidence pages, read corrections back.
+
+Flow: :func:`ensure_project` → :func:`queue_pages` (page image + model markup as a prediction)
+→ annotators fix the markup in Label Studio → :func:`export_corrections` validates what they
+submitted → :func:`apply_corrections` writes the accepted fixes into the :class:`PageDataset`.
+
+Design choices, each against a known Label Studio pain point:
+
+- **Images travel as base64 data URIs** inside the task. That works offline, needs no storage
+  connection, no ``LOCAL_FILES_DOCUMENT_ROOT`` covering the dataset and no shared filesystem
+  with the server, and the task stays valid if the dataset moves. The cost is ~1.33× the PNG
+  size per task in Label Studio's database and in task listings, which is fine for page-sized
+  PNGs (tens of KB here); :data:`MAX_IMAGE_BYTES` refuses absurdly large pages loudly.
+- **Predictions are visible**: Label Studio only shows predictions whose ``model_version`` equals
+  the project's, so :func:`queue_pages` sets the project's ``model_version`` to the one it imports
+  (and adds a prediction of that version to pages already queued under an older one).
+- **Lowest confidence first**, in every place an annotator looks: tasks are imported in rising
+  confidence (Data Manager default order is task id), the project samples by uncertainty
+  (``Label All Tasks`` picks the lowest prediction score), and a Data Manager tab orders by
+  prediction score, which stays right across several import rounds.
+- **Imports are batched** (bulk prediction imports time out otherwise) and **idempotent**: each
+  task carries ``page_id`` and pages already in the project are never imported twice.
+- **Broken corrections are never dropped silently**: the annotation is kept as submitted, the
+  task gets a ``validation_error`` (a Data Manager column, and shown in red above the page in
+  the labeling view) plus a machine-readable record in ``meta``, a "Needs fix" tab lists such
+  tasks, and the returned :class:`Correction` says ``accepted=False`` with the reasons.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from lxml import etree
+
+from components.data.markup import parse_markup
+from components.data.pages import PageDataset
+
+MARKUP_FIELD = "markup"
+CONFIDENCE_FIELD = "annotator_confidence"
+IMAGE_FIELD = "page"
+ORDER_VIEW_TITLE = "Lowest confidence first"
+NEEDS_FIX_VIEW_TITLE = "Needs fix"
+VALIDATION_META_KEY = "docmarkup_validation"
+DEFAULT_BATCH_SIZE = 50
+MAX_IMAGE_BYTES = 8 * 1024 * 1024
+UNCERTAINTY_SAMPLING = "Uncertainty sampling"
+
+# Image on the left, editable markup on the right. ``$validation_error`` is empty until a
+# submitted correction fails validation; then the reason shows above the page.
+LABEL_CONFIG = f"""<View>
+  <View style="color: #b00020; font-weight: bold;">
+    <Header value="$validation_error" size="5"/>
+  </View>
+  <View style="display: flex; gap: 12px; align-items: flex-start;">
+    <View style="flex: 1 1 50%;">
+      <Image name="{IMAGE_FIELD}" value="$image" zoom="true" zoomControl="true"/>
+    </View>
+    <View style="flex: 1 1 50%;">
+      <Header value="Page markup: fix it to match the page (blank line between blocks; tables as HTML)" size="6"/>
+      <TextArea name="{MARKUP_FIELD}" toName="{IMAGE_FIELD}" editable="true" maxSubmissions="1" rows="28"
+                showSubmitButton="false" placeholder="corrected page markup"/>
+      <Header value="How sure are you of this correction?" size="6"/>
+      <Choices name="{CONFIDENCE_FIELD}" toName="{IMAGE_FIELD}" choice="single" showInline="true" required="false">
+        <Choice value="sure"/>
+        <Choice value="unsure"/>
+      </Choices>
+    </View>
+  </View>
+</View>
+"""
+
+PROJECT_DESCRIPTION = (
+    "Correct the model's page markup. Pages are ordered lowest model confidence first. "
+    "Submitted markup is validated on export; problems show in the validation_error column."
+)
+
+
+class LabelStudioUnavailableError(ConnectionError):
+    """Label Studio cannot be reached (not started, wrong URL, or it went down)."""
+
+    def __init__(self, url: str, reason: object):
+        super().__init__(
+            f"Label Studio is not reachable at {url} ({reason}). Start it with "
+            "`./run services start labelstudio` (or "
+            "`components.services.labelstudio.start_label_studio()`), or pass the URL of a running server."
+        )
+        self.url = url
+
+
+class LabelStudioRequestError(RuntimeError):
+    """Label Studio answered, but refused a request (bad token, bad config, bad task)."""
+
+
+@dataclass(frozen=True)
+class PagePrediction:
+    """A model's markup for one dataset page and its confidence (lower = review sooner)."""
+
+    page_id: str
+    markup: str
+    confidence: float
+
+
+@dataclass(frozen=True)
+class QueueResult:
+    queued: list[str]  # page ids imported now, in import (lowest confidence first) order
+    already_queued: list[str]  # page ids that had a task already
+    predictions_added: list[str]  # already-queued pages that got a prediction of this model_version
+    task_ids: dict[str, int]  # page id -> task id for every page passed in
+
+
+@dataclass(frozen=True)
+class Correction:
+    """One submitted annotation: the corrected markup and who/when, or why it was rejected."""
+
+    page_id: str
+    task_id: int
+    annotation_id: int
+    markup: str
+    annotator: str
+    created_at: str
+    updated_at: str
+    annotator_confidence: str | None = None
+    accepted: bool = True
+    problems: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.problems)
+
+
+# ---------------------------------------------------------------------------------------------
+# connection
+
+
+def _base_url(client) -> str:
+    return client._client_wrapper.get_base_url()
+
+
+def _call(client, what: str, fn: Callable[[], Any]) -> Any:
+    """Run one SDK call, turning transport failures and API refusals into our own errors."""
+    from label_studio_sdk.core.api_error import ApiError
+
+    try:
+        return fn()
+    except httpx.TransportError as exc:
+        raise LabelStudioUnavailableError(_base_url(client), f"{type(exc).__name__}: {exc}") from exc
+    except ApiError as exc:
+        raise LabelStudioRequestError(
+            f"Label Studio at {_base_url(client)} refused to {what}: HTTP {exc.status_code}: {str(exc.body)[:500]}"
+        ) from exc
+
+
+def connect(url: str, api_key: str, timeout: float = 120.0):
+    """A ``LabelStudio`` SDK client, after checking the server answers and accepts the token."""
+    from label_studio_sdk import LabelStudio
+
+    url = url.rstrip("/")
+    try:
+        health = httpx.get(f"{url}/health", timeout=5.0)
+    except httpx.TransportError as exc:
+        raise LabelStudioUnavailableError(url, f"{type(exc).__name__}: {exc}") from exc
+    if health.status_code != 200:
+        raise LabelStudioUnavailableError(url, f"/health answered HTTP {health.status_code}")
+    client = LabelStudio(base_url=url, api_key=api_key, timeout=timeout)
+    _call(client, "accept the API token", client.users.whoami)
+    return client
+
+
+# ---------------------------------------------------------------------------------------------
+# project
+
+
+def ensure_project(client, title: str, label_config: str = LABEL_CONFIG) -> int:
+    """Id of the project called ``title``, creating it (and its Data Manager tabs) if needed."""
+    projects = _call(client, "list projects", lambda: list(client.projects.list(title=title, page_size=100)))
+    matching = sorted(p.id for p in projects if p.title == title)
+    if matching:
+        project_id = matching[0]
+        project = _call(client, f"read project {project_id}", lambda: client.projects.get(id=project_id))
+        if project.label_config != label_config:  # our XML changed since the project was made
+            _call(
+                client,
+                f"update the labeling config of project {project_id}",
+                lambda: client.projects.update(id=project_id, label_config=label_config),
+            )
+    else:
+        project = _call(
+            client,
+            f"create project {title!r}",
+            lambda: client.projects.create(
+                title=title,
+                description=PROJECT_DESCRIPTION,
+                label_config=label_config,
+                sampling=UNCERTAINTY_SAMPLING,
+                show_collab_predictions=True,
+            ),
+        )
+        project_id = project.id
+    _ensure_views(client, project_id)
+    return project_id
+
+
+def _ensure_views(client, project_id: int) -> None:
+    """The two Data Manager tabs annotators work from; created once, found by title after."""
+    wanted = {
+        ORDER_VIEW_TITLE: {"title": ORDER_VIEW_TITLE, "ordering": ["tasks:predictions_score"]},
+        NEEDS_FIX_VIEW_TITLE: {
+            "title": NEEDS_FIX_VIEW_TITLE,
+            "filters": {
+                "conjunction": "and",
+                "items": [
+                    {"filter": "filter:tasks:data.validation_error", "operator": "empty", "type": "String", "value": False}
+                ],
+            },
+        },
+    }
+    existing = _call(client, "list Data Manager views", lambda: client.views.list(project=project_id))
+    titles = {(view.data or {}).get("title") for view in existing}
+    for title, data in wanted.items():  # dict order: the ordering tab comes first
+        if title not in titles:
+            _call(client, f"create view {title!r}", lambda d=data: client.views.create(project=project_id, data=d))
+
+
+def view_id(client, project_id: int, title: str = ORDER_VIEW_TITLE) -> int:
+    """Id of one of our Data Manager tabs (for listing tasks the way annotators see them)."""
+    for view in _call(client, "list Data Manager views", lambda: client.views.list(project=project_id)):
+        if (view.data or {}).get("title") == title:
+            return view.id
+    raise LookupError(f"project {project_id} has no Data Manager view {title!r}; run ensure_project first")
+
+
+# ---------------------------------------------------------------------------------------------
+# queueing
+
+
+def _iter_tasks(client, project_id: int, *, fields: str = "task_only", query: dict | None = None) -> Iterator[Any]:
+    kwargs: dict[str, Any] = {"project": project_id, "fields": fields, "page_size": 100}
+    if query is not None:
+        kwargs["query"] = json.dumps(query)
+    yield from _call(client, f"list tasks of project {project_id}", lambda: list(client.tasks.list(**kwargs)))
+
+
+def queued_page_ids(client, project_id: int) -> dict[str, int]:
+    """page_id -> task id for every task in the project that carries a page_id."""
+    found: dict[str, int] = {}
+    for task in _iter_tasks(client, project_id):
+        page_id = (task.data or {}).get("page_id")
+        if page_id is not None:
+            found.setdefault(str(page_id), task.id)
+    return found
+
+
+def image_data_uri(dataset: PageDataset, page) -> str:
+    """The page image as a ``data:image/png;base64,...`` URI (decoded once to reject corrupt files)."""
+    path = dataset.image_path(page)
+    dataset.load_image(page)  # raises InvalidPageError with the path if missing or corrupt
+    raw = path.read_bytes()
+    if len(raw) > MAX_IMAGE_BYTES:
+        raise ValueError(
+            f"page {page.page_id!r} image {path} is {len(raw) / 1e6:.1f} MB; data URIs above "
+            f"{MAX_IMAGE_BYTES / 1e6:.0f} MB bloat every Label Studio task listing; downscale it first"
+        )
+    mime = "image/png" if raw[:8] == b"\x89PNG\r\n\x1a\n" else "image/jpeg" if raw[:2] == b"\xff\xd8" else "image/png"
+    return f"data:{mime};base64,{base64.b64encode(raw).decode('ascii')}"
+
+
+def _prediction(pred: PagePrediction, model_version: str) -> dict:
+    return {
+        "model_version": model_version,
+        "score": float(pred.confidence),
+        "result": [
+            {
+                "from_name": MARKUP_FIELD,
+                "to_name": IMAGE_FIELD,
+                "type": "textarea",
+                "value": {"text": [pred.markup]},
+            }
+        ],
+    }
+
+
+def queue_pages(
+    client,
+    project_id: int,
+    dataset: PageDataset,
+    pages_with_predictions: Iterable[PagePrediction],
+    model_version: str,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: Callable[[int, int], None] | None = None,
+) -> QueueResult:
+    """Import pages as tasks with the model's markup as prediction, lowest confidence first.
+
+    Re-running with the same pages imports nothing new. ``progress(done, total)`` is called
+    after each batch so long imports can report how far they are.
+    """
+    predictions = list(pages_with_predictions)
+    if not model_version:
+        raise ValueError("model_version must be a non-empty string (Label Studio hides predictions without a match)")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    seen: set[str] = set()
+    for pred in predictions:
+        if pred.page_id in seen:
+            raise ValueError(f"page {pred.page_id!r} is listed twice; pass one prediction per page")
+        seen.add(pred.page_id)
+        if not math.isfinite(pred.confidence):
+            raise ValueError(f"page {pred.page_id!r} has a non-finite confidence {pred.confidence!r}")
+    pages = {p.page_id: p for p in dataset.pages()}
+    missing = sorted(seen - pages.keys())
+    if missing:
+        raise KeyError(f"pages not in dataset {dataset.root}: {missing[:10]}{' ...' if len(missing) > 10 else ''}")
+
+    existing = queued_page_ids(client, project_id)
+    already = [p for p in predictions if p.page_id in existing]
+    fresh = sorted((p for p in predictions if p.page_id not in existing), key=lambda p: (p.confidence, p.page_id))
+
+    predictions_added = _add_missing_predictions(client, project_id, already, existing, model_version)
+    if already:
+        _show_model_version(client, project_id, model_version)
+
+    task_ids = {p.page_id: existing[p.page_id] for p in already}
+    queued: list[str] = []
+    for start in range(0, len(fresh), batch_size):
+        batch = fresh[start : start + batch_size]
+        tasks = [
+            {
+                "data": {
+                    "image": image_data_uri(dataset, pages[p.page_id]),
+                    "page_id": p.page_id,
+                    "confidence": round(float(p.confidence), 6),
+                    "model_version": model_version,
+                    "validation_error": "",
+                },
+                "predictions": [_prediction(p, model_version)],
+            }
+            for p in batch
+        ]
+        response = _call(
+            client,
+            f"import {len(tasks)} tasks",
+            lambda t=tasks: client.projects.import_tasks(project_id, request=t, return_task_ids=True),
+        )
+        ids = list(response.task_ids or [])
+        if len(ids) != len(batch):
+            raise LabelStudioRequestError(
+                f"Label Studio imported {len(ids)} tasks for a batch of {len(batch)}; re-run queue_pages "
+                "(it skips pages already queued)"
+            )
+        for pred, task_id in zip(batch, ids, strict=True):
+            task_ids[pred.page_id] = task_id
+            queued.append(pred.page_id)
+        if start == 0 and not already:
+            # As soon as predictions of this version exist (Label Studio refuses a model_version
+            # it has no predictions for), so an interrupted import still shows what it queued.
+            _show_model_version(client, project_id, model_version)
+        if progress is not None:
+            progress(len(queued), len(fresh))
+    return QueueResult(
+        queued=queued, already_queued=[p.page_id for p in already], predictions_added=predictions_added,
+        task_ids=task_ids,
+    )
+
+
+def _show_model_version(client, project_id: int, model_version: str) -> None:
+    """Make the project show predictions of ``model_version`` (it hides all other versions)."""
+    _call(
+        client,
+        f"set the project's model_version to {model_version!r}",
+        lambda: client.projects.update(
+            id=project_id, model_version=model_version, sampling=UNCERTAINTY_SAMPLING, show_collab_predictions=True
+        ),
+    )
+
+
+def _add_missing_predictions(
+    client, project_id: int, already: list[PagePrediction], existing: dict[str, int], model_version: str
+) -> list[str]:
+    """Give already-queued pages a prediction of this model_version, so they stay visible."""
+    if not already:
+        return []
+    have = {
+        (pred.task, pred.model_version)
+        for pred in _call(client, "list predictions", lambda: client.predictions.list(project=project_id))
+    }
+    added = []
+    for pred in sorted(already, key=lambda p: (p.confidence, p.page_id)):
+        task_id = existing[pred.page_id]
+        if (task_id, model_version) in have:
+            continue
+        body = _prediction(pred, model_version)
+        _call(
+            client,
+            f"add a prediction to task {task_id}",
+            lambda b=body, t=task_id: client.predictions.create(
+                task=t, model_version=b["model_version"], score=b["score"], result=b["result"]
+            ),
+        )
+        added.append(pred.page_id)
+    return added
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+
+
+_VOID_BR_RE = re.compile(r"<br\s*/?>", re.IGNORECASE)
+_NAMED_ENTITY_RE = re.compile(r"&([A-Za-z][A-Za-z0-9]*);")
+_BARE_AMPERSAND_RE = re.compile(r"&(?![A-Za-z][A-Za-z0-9]*;|#[0-9]+;|#[xX][0-9A-Fa-f]+;)")
+_XML_ENTITIES = frozenset({"amp", "lt", "gt", "quot", "apos"})
+
+
+def _html_fragment_problems(table_html: str) -> list[str]:
+    """Why one ``<table>`` block is not a well-formed table of rows and cells ([] if it is)."""
+    # Strict XML parsing catches unclosed/misnested tags that an HTML parser would silently fix.
+    # Cell *text* is held to HTML's looser rules: <br> is closed, HTML named entities become
+    # characters and a bare "&" (as in "R&D") is escaped, so only the structure is judged.
+    normalised = _VOID_BR_RE.sub("<br/>", table_html)
+    normalised = _NAMED_ENTITY_RE.sub(
+        lambda m: m.group(0) if m.group(1) in _XML_ENTITIES else html.unescape(m.group(0)), normalised
+    )
+    normalised = _BARE_AMPERSAND_RE.sub("&amp;", normalised)
+    parser = etree.XMLParser(recover=False, resolve_entities=False, no_network=True)
+    try:
+        root = etree.fromstring(normalised.encode("utf-8"), parser)
+    except etree.XMLSyntaxError as exc:
+        return [f"table is not well-formed HTML: {exc.msg}"]
+    if root.tag.lower() != "table":
+        return [f"expected a <table> element, found <{root.tag}>"]
+    problems: list[str] = []
+    rows = []
+    for child in root:
+        if not isinstance(child.tag, str):
+            continue  # comments
+        tag = child.tag.lower()
+        if tag in ("thead", "tbody", "tfoot"):
+            for sub in child:
+                if isinstance(sub.tag, str) and sub.tag.lower() != "tr":
+                    problems.append(f"<{tag}> may only contain <tr>, found <{sub.tag}>")
+                elif isinstance(sub.tag, str):
+                    rows.append(sub)
+        elif tag == "tr":
+            rows.append(child)
+        elif tag != "caption":
+            problems.append(f"<table> may only contain rows (<tr>), found <{child.tag}>")
+    if not rows:
+        problems.append("table has no <tr> rows")
+    widths = []
+    pending: list[int] = []  # remaining rowspan per occupied column, carried to the next rows
+    for index, row in enumerate(rows, 1):
+        cells = [c for c in row if isinstance(c.tag, str)]
+        bad = [c.tag for c in cells if c.tag.lower() not in ("td", "th")]
+        if bad:
+            problems.append(f"row {index} may only contain <td>/<th> cells, found <{bad[0]}>")
+            continue
+        if not cells:
+            problems.append(f"row {index} has no cells")
+            continue
+        carried = sum(1 for n in pending if n > 0)
+        pending = [n - 1 for n in pending if n - 1 > 0]
+        width = carried
+        for cell in cells:
+            spans = []
+            for attr in ("colspan", "rowspan"):
+                raw = cell.get(attr, "1")
+                try:
+                    value = int(raw)
+                except ValueError:
+                    value = 0
+                if value < 1:
+                    problems.append(f"row {index}: {attr}={raw!r} is not a positive integer")
+                    value = 1
+                spans.append(value)
+            colspan, rowspan = spans
+            width += colspan
+            if rowspan > 1:
+                pending.extend([rowspan - 1] * colspan)
+        widths.append(width)
+    if widths and len(set(widths)) > 1:
+        problems.append(f"rows have different numbers of columns: {widths}")
+    return problems
+
+
+def validate_markup(markup: str) -> list[str]:
+    """Reasons the corrected page markup cannot be used as ground truth ([] when it can)."""
+    if not markup.strip():
+        return ["the corrected markup is empty"]
+    problems: list[str] = []
+    for number, block in enumerate(parse_markup(markup), 1):
+        if block.category == "table":
+            problems.extend(f"block {number}: {p}" for p in _html_fragment_problems(block.content))
+        elif block.category in ("text", "title"):
+            lowered = block.content.lower()
+            if "<table" in lowered or "</table" in lowered or "<tr" in lowered or "<td" in lowered:
+                problems.append(f"block {number}: table markup outside a complete <table>...</table> (unclosed table?)")
+            if "$$" in block.content:
+                problems.append(f"block {number}: unclosed $$ formula")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# export
+
+
+def _result_value(result: list[dict], from_name: str, key: str) -> list:
+    for item in result or []:
+        if item.get("from_name") == from_name:
+            return list((item.get("value") or {}).get(key) or [])
+    return []
+
+
+def _iso(value) -> str:
+    return value.isoformat() if isinstance(value, datetime) else str(value or "")
+
+
+def export_corrections(client, project_id: int) -> list[Correction]:
+    """Every submitted (not skipped) annotation as a :class:`Correction`, validated.
+
+    A correction that fails validation is returned with ``accepted=False`` and its reasons,
+    and its task is marked in Label Studio (``data.validation_error`` + ``meta``) so the
+    annotator sees what to fix; the annotation itself is left exactly as submitted. When a
+    later edit passes, the mark is cleared.
+    """
+    users = {u.id: (u.email or u.username or str(u.id)) for u in _call(client, "list users", client.users.list)}
+    annotated = {
+        "filters": {
+            "conjunction": "and",
+            "items": [{"filter": "filter:tasks:total_annotations", "operator": "greater", "type": "Number", "value": 0}],
+        }
+    }
+    corrections: list[Correction] = []
+    for task in _iter_tasks(client, project_id, fields="all", query=annotated):
+        data = dict(task.data or {})
+        page_id = str(data.get("page_id", ""))
+        task_corrections = []
+        for ann in task.annotations or []:
+            ann = ann if isinstance(ann, dict) else ann.dict()
+            if ann.get("was_cancelled"):
+                continue
+            texts = _result_value(ann.get("result"), MARKUP_FIELD, "text")
+            markup = "\n".join(str(t) for t in texts).strip()
+            completed_by = ann.get("completed_by")
+            if isinstance(completed_by, dict):
+                annotator = completed_by.get("email") or str(completed_by.get("id"))
+            else:
+                annotator = users.get(completed_by, str(completed_by))
+            problems = [] if page_id else ["task has no page_id in its data (not imported by queue_pages)"]
+            problems += validate_markup(markup) if texts else ["no corrected markup was submitted"]
+            choices = _result_value(ann.get("result"), CONFIDENCE_FIELD, "choices")
+            task_corrections.append(
+                Correction(
+                    page_id=page_id, task_id=task.id, annotation_id=int(ann["id"]), markup=markup,
+                    annotator=annotator, created_at=_iso(ann.get("created_at")), updated_at=_iso(ann.get("updated_at")),
+                    annotator_confidence=choices[0] if choices else None, accepted=not problems,
+                    problems=tuple(problems),
+                )
+            )
+        if task_corrections:
+            latest = max(task_corrections, key=lambda c: (c.updated_at, c.annotation_id))
+            _mark_task(client, task, data, latest)
+            corrections.extend(task_corrections)
+    return corrections
+
+
+def _mark_task(client, task, data: dict, latest: Correction) -> None:
+    """Show the latest annotation's validation outcome on its task (writes only on change)."""
+    message = (
+        f"Correction #{latest.annotation_id} by {latest.annotator} was NOT accepted: {latest.reason}. "
+        "Edit the markup and update the annotation."
+        if not latest.accepted
+        else ""
+    )
+    meta = dict(task.meta or {})
+    record = {
+        "status": "accepted" if latest.accepted else "rejected",
+        "annotation_id": latest.annotation_id,
+        "annotator": latest.annotator,
+        "annotation_updated_at": latest.updated_at,
+        "problems": list(latest.problems),
+    }
+    previous = {k: v for k, v in (meta.get(VALIDATION_META_KEY) or {}).items() if k != "checked_at"}
+    if data.get("validation_error", "") == message and previous == record:
+        return
+    meta[VALIDATION_META_KEY] = {**record, "checked_at": datetime.now(UTC).isoformat(timespec="seconds")}
+    _call(
+        client,
+        f"mark task {task.id} with its validation result",
+        lambda: client.tasks.update(id=task.id, data={**data, "validation_error": message}, meta=meta),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# apply
+
+
+def apply_corrections(dataset: PageDataset, corrections: Iterable[Correction]) -> list[str]:
+    """Write accepted corrections into the dataset; returns the page ids that changed.
+
+    Per page the most recently updated accepted correction wins. Rejected ones are never
+    applied. Re-applying the same corrections changes nothing (no rewrite of the manifest).
+    """
+    latest: dict[str, Correction] = {}
+    for corr in corrections:
+        if not corr.accepted:
+            continue
+        current = latest.get(corr.page_id)
+        if current is None or (corr.updated_at, corr.annotation_id) > (current.updated_at, current.annotation_id):
+            latest[corr.page_id] = corr
+    if not latest:
+        return []
+    pages = {p.page_id: p for p in dataset.pages()}
+    unknown = sorted(set(latest) - pages.keys())
+    if unknown:
+        raise KeyError(f"corrections for pages not in dataset {dataset.root}: {unknown[:10]}")
+    changed = []
+    for page_id, corr in latest.items():
+        page = pages[page_id]
+        provenance = {
+            "source": "label-studio",
+            "annotator": corr.annotator,
+            "annotation_id": corr.annotation_id,
+            "task_id": corr.task_id,
+            "annotated_at": corr.updated_at,
+            "annotator_confidence": corr.annotator_confidence,
+        }
+        if page.markup_override == corr.markup and page.meta.get("correction") == provenance:
+            continue
+        pages[page_id] = replace(page, markup_override=corr.markup, meta={**page.meta, "correction": provenance})
+        changed.append(page_id)
+    if changed:
+        dataset.upsert(pages[pid] for pid in changed)
+    return changed

@@ -1,0 +1,23 @@
+"""Shared pytest fixtures. Service fixtures keep their logic in components/services/."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def label_studio():
+    """A real Label Studio server for the session, stopped by PID at the end."""
+    from components.services.labelstudio import running_label_studio
+
+    with running_label_studio() as connection:
+        yield connection
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """A markup tokenizer trained on 300 synthetic pages (about a second)."""
+    from components.data.synthetic import generate_page
+    from components.tokenizer import train_markup_tokenizer
+
+    return train_markup_tokenizer([generate_page(seed)[0].markup for seed in range(300)], vocab_size=512)
