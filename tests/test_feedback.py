@@ -1,0 +1,56 @@
+"""Low-confidence production pages become Label Studio tasks (real server, session fixture)."""
+
+from __future__ import annotations
+
+import io
+import uuid
+
+import pytest
+
+from components.curation.labelstudio import connect, ensure_project, queued_page_ids
+from components.data.pages import PageDataset
+from components.data.synthetic import generate_page
+from monitoring.feedback import low_confidence_entries, push_low_confidence_pages
+from monitoring.request_log import RequestLog, ServedPage
+
+pytestmark = pytest.mark.services
+
+
+def _png(seed: int) -> bytes:
+    buffer = io.BytesIO()
+    generate_page(seed)[1].save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _serve(log: RequestLog, seed: int, confidence: float) -> ServedPage:
+    image = _png(seed)
+    entry = ServedPage(page_id=RequestLog.page_id_for(image), decoder="sdb", mean_confidence=confidence, new_tokens=40,
+                       forward_passes=12, latency_s=0.2, truncated=False, text=f"served text {seed}")
+    return log.record(entry, image)
+
+
+def test_only_low_confidence_pages_with_images_are_candidates(tmp_path):
+    log = RequestLog(tmp_path, keep_images_below=0.9)
+    low, high = _serve(log, 1, 0.4), _serve(log, 2, 0.95)
+    assert [e.page_id for e in low_confidence_entries(log.entries(), threshold=0.8)] == [low.page_id]
+    assert high.image is None
+
+
+def test_low_confidence_pages_reach_label_studio_once(label_studio, tmp_path):
+    client = connect(label_studio.url, label_studio.api_key)
+    title = f"feedback-{uuid.uuid4().hex[:8]}"
+    project_id = ensure_project(client, title)
+    try:
+        log = RequestLog(tmp_path / "log", keep_images_below=0.9)
+        pages = [_serve(log, seed, confidence) for seed, confidence in ((3, 0.7), (4, 0.3), (5, 0.99), (6, 0.85))]
+        dataset = PageDataset(tmp_path / "production")
+        first = push_low_confidence_pages(client, project_id, log, dataset, threshold=0.8, model_version="v7")
+        assert first.candidates == 2
+        assert first.queue.queued == [pages[1].page_id, pages[0].page_id]  # lowest confidence first
+        assert set(queued_page_ids(client, project_id)) == {pages[0].page_id, pages[1].page_id}
+        stored = {p.page_id: p for p in dataset.pages()}
+        assert stored[pages[1].page_id].source == "production" and dataset.load_image(stored[pages[1].page_id]).size == (320, 416)
+        again = push_low_confidence_pages(client, project_id, log, dataset, threshold=0.8, model_version="v7")
+        assert again.queue.queued == [] and len(queued_page_ids(client, project_id)) == 2
+    finally:
+        client.projects.delete(id=project_id)
