@@ -1,0 +1,1 @@
+"""Serving on Triton Inference Server: model repository, launch, backend and client."""

@@ -1,0 +1,187 @@
+"""The wire protocol of the docmarkup Triton models, as plain Python (testable without Triton).
+
+Request: ``IMAGE`` (BYTES, one encoded page: PNG/JPEG/...) plus optional one-element inputs
+choosing the decoder per request: ``DECODER`` (BYTES: ar | sdb | block | ppc), ``THRESHOLD``
+(FP32 τ), ``WINDOW`` / ``BLOCK_LENGTH`` / ``SPAN`` / ``MAX_NEW_TOKENS`` (INT32),
+``TEMPERATURE`` (FP32), ``TOP_K`` (INT32), ``SEED`` (INT64). Anything omitted takes the :class:`DecodeParams`
+default (the decoder default comes from the model config).
+
+Response (``docmarkup``): ``TEXT``, ``TOKEN_IDS``, ``STATS`` (JSON). Stream
+(``docmarkup_stream``): per commit ``TEXT`` (the new text only), ``TOKEN_IDS``, ``CONFIDENCES``,
+``FORWARD_PASS``; the final response carries ``STATS`` (non-empty JSON) and Triton's final flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from components.data.pages import load_image
+from components.decoding.types import DECODERS, CommitEvent, DecodeParams, DecodeResult
+
+IMAGE_INPUT = "IMAGE"
+# Triton input name -> (DecodeParams field, Python type).
+PARAMETER_INPUTS: dict[str, tuple[str, type]] = {
+    "DECODER": ("decoder", str),
+    "THRESHOLD": ("threshold", float),
+    "WINDOW": ("window", int),
+    "BLOCK_LENGTH": ("block_length", int),
+    "SPAN": ("span", int),
+    "MAX_NEW_TOKENS": ("max_new_tokens", int),
+    "TEMPERATURE": ("temperature", float),
+    "TOP_K": ("top_k", int),
+    "SEED": ("seed", int),
+}
+INPUT_NAMES = (IMAGE_INPUT, *PARAMETER_INPUTS)
+# Triton datatypes of the inputs, for clients.
+INPUT_DATATYPES = {
+    IMAGE_INPUT: "BYTES", "DECODER": "BYTES", "THRESHOLD": "FP32", "WINDOW": "INT32", "BLOCK_LENGTH": "INT32",
+    "SPAN": "INT32", "MAX_NEW_TOKENS": "INT32", "TEMPERATURE": "FP32", "TOP_K": "INT32", "SEED": "INT64",
+}
+TEXT_OUTPUT, TOKEN_IDS_OUTPUT, STATS_OUTPUT = "TEXT", "TOKEN_IDS", "STATS"
+CONFIDENCES_OUTPUT, FORWARD_PASS_OUTPUT = "CONFIDENCES", "FORWARD_PASS"
+
+
+class RequestError(ValueError):
+    """The request itself is wrong (missing image, bad parameter): the client must fix it."""
+
+
+def _scalar(name: str, array: np.ndarray, kind: type) -> Any:
+    values = np.asarray(array).reshape(-1)
+    if values.size != 1:
+        raise RequestError(f"input {name} must hold exactly one value, got {values.size}")
+    value = values[0]
+    if kind is str:
+        if isinstance(value, bytes | np.bytes_):
+            try:
+                return bytes(value).decode("utf-8").strip()
+            except UnicodeDecodeError as exc:
+                raise RequestError(f"input {name} is not UTF-8 text") from exc
+        return str(value).strip()
+    if kind is float:
+        number = float(value)
+        if not math.isfinite(number):
+            raise RequestError(f"input {name} must be a finite number, got {number}")
+        return number
+    return int(value)
+
+
+def decode_params_from_inputs(
+    inputs: Mapping[str, np.ndarray | None], *, default_decoder: str = "ar", max_new_tokens_limit: int = 2048
+) -> DecodeParams:
+    """The request's :class:`DecodeParams`; raises :class:`RequestError` with the reason if invalid."""
+    chosen: dict[str, Any] = {"decoder": default_decoder}
+    for input_name, (field_name, kind) in PARAMETER_INPUTS.items():
+        array = inputs.get(input_name)
+        if array is not None:
+            chosen[field_name] = _scalar(input_name, array, kind)
+    if chosen["decoder"] not in DECODERS:
+        raise RequestError(f"DECODER must be one of {', '.join(DECODERS)}; got {chosen['decoder']!r}")
+    if chosen.get("max_new_tokens", 0) > max_new_tokens_limit:
+        raise RequestError(f"MAX_NEW_TOKENS {chosen['max_new_tokens']} exceeds this deployment's limit {max_new_tokens_limit}")
+    try:
+        return DecodeParams(**chosen)
+    except ValueError as exc:
+        raise RequestError(str(exc)) from exc
+
+
+def image_from_input(array: np.ndarray | None) -> Image.Image:
+    """Decode the ``IMAGE`` input; corrupt or empty pages raise ``InvalidPageError`` with the reason."""
+    if array is None:
+        raise RequestError(f"input {IMAGE_INPUT} is required")
+    values = np.asarray(array, dtype=object).reshape(-1)
+    if values.size != 1:
+        raise RequestError(f"input {IMAGE_INPUT} must hold exactly one encoded page image, got {values.size}")
+    data = values[0]
+    if isinstance(data, str):
+        data = data.encode("latin-1")
+    return load_image(bytes(data))
+
+
+def params_dict(params: DecodeParams) -> dict[str, Any]:
+    return dataclasses.asdict(params)
+
+
+def result_stats(result: DecodeResult, params: DecodeParams, model: Mapping[str, Any], latency_s: float) -> dict[str, Any]:
+    """The ``STATS`` JSON of a finished page: engine accounting, how it was decoded, what model served it."""
+    return {
+        **result.stats.as_dict(),
+        "accepted_lengths": list(result.stats.accepted_lengths),
+        "finished": result.finished,
+        "truncated": result.truncated,
+        "latency_s": latency_s,
+        "params": params_dict(params),
+        "model": dict(model),
+    }
+
+
+@dataclass
+class StreamAccounting:
+    """Stats of a streamed page rebuilt from its commit events.
+
+    The engine's stream yields only forwards that commit something; the forward counter in
+    each event reveals the silent ones. ``accepted_lengths`` therefore counts *committed*
+    tokens per forward, where ``generate`` counts *decided* ones: they differ when the last
+    forward decided tokens past ``<eos>`` or the budget, and in block decoding, which may decide
+    tokens a few forwards before it can emit them.
+    """
+
+    forward_passes: int = 0
+    new_tokens: int = 0
+    confidence_sum: float = 0.0
+    accepted_lengths: list[int] = field(default_factory=list)
+    finished: bool = False
+    truncated: bool = False
+
+    def add(self, event: CommitEvent) -> None:
+        silent = event.forward_pass - self.forward_passes - 1
+        self.accepted_lengths.extend([0] * max(silent, 0))
+        self.accepted_lengths.append(len(event.token_ids))
+        self.forward_passes = event.forward_pass
+        self.new_tokens += len(event.token_ids)
+        self.confidence_sum += float(sum(event.confidences))
+        self.finished, self.truncated = event.finished, event.truncated
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
+
+    @property
+    def mean_confidence(self) -> float:
+        return self.confidence_sum / self.new_tokens if self.new_tokens else 0.0
+
+    def as_dict(self, params: DecodeParams, model: Mapping[str, Any], latency_s: float, cancelled: bool) -> dict[str, Any]:
+        return {
+            "forward_passes": self.forward_passes,
+            "new_tokens": self.new_tokens,
+            "tokens_per_forward": self.tokens_per_forward,
+            "seconds": latency_s,
+            "tokens_per_second": self.new_tokens / latency_s if latency_s > 0 else 0.0,
+            "mean_confidence": self.mean_confidence,
+            "accepted_lengths": self.accepted_lengths,
+            "finished": self.finished,
+            "truncated": self.truncated,
+            "cancelled": cancelled,
+            "latency_s": latency_s,
+            "params": params_dict(params),
+            "model": dict(model),
+        }
+
+
+def outcome_of(finished: bool, truncated: bool) -> str:
+    return "truncated" if truncated and not finished else "ok"
+
+
+def to_json(payload: Mapping[str, Any]) -> str:
+    return json.dumps(payload, ensure_ascii=False, default=str)
+
+
+def as_object_array(values: Iterable[str | bytes]) -> np.ndarray:
+    return np.array([v.encode("utf-8") if isinstance(v, str) else v for v in values], dtype=np.object_)

@@ -1,0 +1,108 @@
+"""Write a runnable Triton model repository for one model URI.
+
+The committed repository (``deploy/triton/model_repository``) is the template: two models,
+``docmarkup`` (one response per request) and ``docmarkup_stream`` (decoupled, one response per
+commit), sharing ``deploy/triton/backend.py``. A deployment copies it under ``var/`` and sets
+the config parameters that say where the weights come from, so the template never changes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+TEMPLATE_REPOSITORY = Path(__file__).resolve().parent / "model_repository"
+MODEL_NAME = "docmarkup"
+STREAM_MODEL_NAME = "docmarkup_stream"
+MODEL_NAMES = (MODEL_NAME, STREAM_MODEL_NAME)
+DECODERS = ("ar", "sdb", "block", "ppc")
+
+_PARAMETER = re.compile(r'parameters\s*\{\s*key:\s*"(?P<key>[^"]+)"\s*value:\s*\{\s*string_value:\s*"(?:[^"\\]|\\.)*"\s*\}\s*\}')
+_INSTANCE_COUNT = re.compile(r"(instance_group\s*\[\s*\{\s*kind:\s*KIND_CPU\s+count:\s*)\d+")
+
+
+def _pbtxt_string(value: str) -> str:
+    # JSON string escaping is a subset of protobuf text-format escaping.
+    return json.dumps(value, ensure_ascii=False)
+
+
+def set_parameters(config_text: str, parameters: Mapping[str, str]) -> str:
+    """``config.pbtxt`` text with each string parameter replaced, or appended if it was absent."""
+    remaining = dict(parameters)
+
+    def replace(match: re.Match[str]) -> str:
+        key = match.group("key")
+        if key not in remaining:
+            return match.group(0)
+        return f'parameters {{ key: "{key}" value: {{ string_value: {_pbtxt_string(str(remaining.pop(key)))} }} }}'
+
+    text = _PARAMETER.sub(replace, config_text)
+    for key, value in remaining.items():
+        text = text.rstrip("\n") + f'\nparameters {{ key: "{key}" value: {{ string_value: {_pbtxt_string(str(value))} }} }}\n'
+    return text
+
+
+def read_parameters(config_text: str) -> dict[str, str]:
+    """The string parameters of a ``config.pbtxt`` (what the backend will see)."""
+    found = {}
+    for match in re.finditer(r'parameters\s*\{\s*key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*("(?:[^"\\]|\\.)*")', config_text):
+        found[match.group(1)] = json.loads(match.group(2))
+    return found
+
+
+def materialize_repository(
+    model_uri: str | Path,
+    destination: str | Path,
+    *,
+    tracking_uri: str | None = None,
+    device: str = "cpu",
+    default_decoder: str = "ar",
+    max_new_tokens_limit: int = 2048,
+    instance_count: int = 1,
+    torch_threads: int = 1,
+    model_cache_dir: str | Path | None = None,
+) -> Path:
+    """Copy the template repository to ``destination`` with the model source filled in.
+
+    ``model_uri`` is an MLflow URI (``models:/docmarkup@champion``) or a local model folder
+    (made absolute, since the server's working directory may differ). Returns ``destination``.
+    """
+    if default_decoder not in DECODERS:
+        raise ValueError(f"default_decoder {default_decoder!r} is not one of {DECODERS}")
+    if instance_count < 1:
+        raise ValueError("instance_count must be at least 1")
+    if torch_threads < 0:
+        raise ValueError("torch_threads must be >= 0 (0 = torch default)")
+    uri = str(model_uri)
+    if "://" not in uri and not uri.startswith(("models:/", "runs:/")):
+        folder = Path(uri).expanduser().resolve()
+        if not (folder / "config.json").exists():
+            raise FileNotFoundError(f"{folder} is not a model folder (no config.json)")
+        uri = str(folder)
+    destination = Path(destination)
+    staging = destination.with_name(f".{destination.name}.staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(TEMPLATE_REPOSITORY, staging, ignore=shutil.ignore_patterns("__pycache__"))
+    parameters = {
+        "model_uri": uri,
+        "mlflow_tracking_uri": tracking_uri or "",
+        "device": device,
+        "default_decoder": default_decoder,
+        "max_new_tokens_limit": str(max_new_tokens_limit),
+        "torch_threads": str(torch_threads),
+        "model_cache_dir": str(Path(model_cache_dir).resolve()) if model_cache_dir else "",
+    }
+    for model in MODEL_NAMES:
+        config = staging / model / "config.pbtxt"
+        text = set_parameters(config.read_text(), parameters)
+        text, count = _INSTANCE_COUNT.subn(rf"\g<1>{instance_count}", text)
+        if count != 1:
+            raise RuntimeError(f"template {config} has no KIND_CPU instance_group to size")
+        config.write_text(text)
+    # Swap in the new repository whole, so a server never reads a half-written one.
+    shutil.rmtree(destination, ignore_errors=True)
+    staging.rename(destination)
+    return destination

@@ -1,0 +1,147 @@
+"""Prometheus metrics the Triton backend reports next to Triton's own ``nv_inference_*`` metrics.
+
+The backend creates them with ``pb_utils.MetricFamily`` so they are served by Triton's metrics
+endpoint (no second exporter, no extra port). Every series carries ``model`` (the Triton model)
+and ``decoder`` (ar / sdb / block / ppc) labels, so dashboards compare decoders directly:
+
+- ``docmarkup_request_latency_seconds``  histogram, wall time of one page request;
+- ``docmarkup_tokens_per_forward``       histogram, per request: new tokens / forward passes;
+- ``docmarkup_acceptance_length``        histogram, per forward pass: tokens committed by it;
+- ``docmarkup_mean_confidence``          histogram, per request: mean confidence of committed tokens;
+- ``docmarkup_requests_total``           counter, by ``outcome`` (ok, truncated, invalid, cancelled, error);
+- ``docmarkup_generated_tokens_total`` / ``docmarkup_forward_passes_total``  counters.
+
+This module is plain Python: the ``pb_utils`` module is handed in by the backend, so the
+definitions and the scrape parser are importable (and testable) outside Triton.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+MetricKind = Literal["counter", "gauge", "histogram"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    description: str
+    kind: MetricKind
+    buckets: tuple[float, ...] = ()
+
+
+REQUEST_LATENCY = MetricSpec(
+    "docmarkup_request_latency_seconds", "Wall time of one page request in the backend, in seconds.", "histogram",
+    (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+)
+TOKENS_PER_FORWARD = MetricSpec(
+    "docmarkup_tokens_per_forward", "New tokens per decoder forward pass, one observation per request.", "histogram",
+    (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0),
+)
+ACCEPTANCE_LENGTH = MetricSpec(
+    "docmarkup_acceptance_length", "Tokens committed by one decoder forward pass.", "histogram",
+    (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0),
+)
+MEAN_CONFIDENCE = MetricSpec(
+    "docmarkup_mean_confidence", "Mean model confidence of the committed tokens, one observation per request.",
+    "histogram", (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.999, 1.0),
+)
+REQUESTS = MetricSpec("docmarkup_requests_total", "Page requests handled, by outcome.", "counter")
+GENERATED_TOKENS = MetricSpec("docmarkup_generated_tokens_total", "Tokens generated.", "counter")
+FORWARD_PASSES = MetricSpec("docmarkup_forward_passes_total", "Decoder forward passes run.", "counter")
+
+ALL_METRICS = (REQUEST_LATENCY, TOKENS_PER_FORWARD, ACCEPTANCE_LENGTH, MEAN_CONFIDENCE, REQUESTS, GENERATED_TOKENS,
+               FORWARD_PASSES)
+OUTCOMES = ("ok", "truncated", "invalid", "cancelled", "error")
+
+
+class BackendMetrics:
+    """The backend's metric families, with one metric per label set created on first use."""
+
+    def __init__(self, pb_utils: Any, model_name: str):
+        self._pb_utils = pb_utils
+        self._model_name = model_name
+        kinds = {
+            "counter": pb_utils.MetricFamily.COUNTER,
+            "gauge": pb_utils.MetricFamily.GAUGE,
+            "histogram": pb_utils.MetricFamily.HISTOGRAM,
+        }
+        self._families = {
+            spec.name: pb_utils.MetricFamily(name=spec.name, description=spec.description, kind=kinds[spec.kind])
+            for spec in ALL_METRICS
+        }
+        self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+
+    def _metric(self, spec: MetricSpec, **labels: str) -> Any:
+        full = {"model": self._model_name, **labels}
+        key = (spec.name, tuple(sorted(full.items())))
+        metric = self._metrics.get(key)
+        if metric is None:
+            family = self._families[spec.name]
+            if spec.kind == "histogram":
+                metric = family.Metric(labels=full, buckets=list(spec.buckets))
+            else:
+                metric = family.Metric(labels=full)
+            self._metrics[key] = metric
+        return metric
+
+    def record_request(self, decoder: str, outcome: str, latency_s: float) -> None:
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}; expected one of {OUTCOMES}")
+        self._metric(REQUESTS, decoder=decoder, outcome=outcome).increment(1)
+        self._metric(REQUEST_LATENCY, decoder=decoder).observe(latency_s)
+
+    def record_decoding(self, decoder: str, *, new_tokens: int, forward_passes: int,
+                        accepted_lengths: Iterable[int], mean_confidence: float | None) -> None:
+        """Quality-of-acceleration metrics of one finished (or cancelled) decode."""
+        if forward_passes > 0:
+            self._metric(TOKENS_PER_FORWARD, decoder=decoder).observe(new_tokens / forward_passes)
+        self._metric(GENERATED_TOKENS, decoder=decoder).increment(new_tokens)
+        self._metric(FORWARD_PASSES, decoder=decoder).increment(forward_passes)
+        acceptance = self._metric(ACCEPTANCE_LENGTH, decoder=decoder)
+        for length in accepted_lengths:
+            acceptance.observe(float(length))
+        if mean_confidence is not None:
+            self._metric(MEAN_CONFIDENCE, decoder=decoder).observe(float(mean_confidence))
+
+    def close(self) -> None:
+        """Drop metrics before their families (Triton refuses the other order)."""
+        self._metrics.clear()
+        self._families.clear()
+
+
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$")
+_LABEL = re.compile(r'(?P<key>[A-Za-z_][A-Za-z0-9_]*)="(?P<value>(?:[^"\\]|\\.)*)"')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def parse_samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Prometheus exposition text as ``{(sample name as exposed, labels): value}``.
+
+    Hand-rolled on purpose: ``prometheus_client``'s parser renames counter samples (adds
+    ``_total``), so names would not match what Triton and dashboards show.
+    """
+    samples = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line.strip())
+        if line.startswith("#") or match is None:
+            continue
+        labels = frozenset(
+            (label["key"], re.sub(r"\\[\\\"n]", lambda m: _UNESCAPE[m.group(0)], label["value"]))
+            for label in _LABEL.finditer(match["labels"] or "")
+        )
+        samples[(match["name"], labels)] = float(match["value"])
+    return samples
+
+
+def sample_value(text_or_samples: str | Mapping, name: str, **labels: str) -> float | None:
+    """The value of the one sample called ``name`` whose labels include ``labels`` (None if absent)."""
+    samples = parse_samples(text_or_samples) if isinstance(text_or_samples, str) else text_or_samples
+    wanted = set(labels.items())
+    matches = [value for (sample, sample_labels), value in samples.items() if sample == name and wanted <= sample_labels]
+    if len(matches) > 1:
+        raise ValueError(f"{len(matches)} samples of {name} match {labels}; be more specific")
+    return matches[0] if matches else None

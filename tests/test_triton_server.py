@@ -1,0 +1,258 @@
+"""The docmarkup models on a real Triton Inference Server (2.51, CPU), called with tritonclient.
+
+One server per module, on free ports, serving ``models:/<name>@champion`` from a throw-away
+SQLite MLflow registry, stopped by PID at the end.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import time
+
+import pytest
+import torch
+from PIL import Image
+
+from components.data.synthetic import generate_page
+from components.decoding.engine import DecodingEngine
+from components.decoding.types import DecodeParams
+from components.services.process import VAR_DIR, ServiceError
+from deploy.triton.client import DocMarkupClient, TranscriptionError
+from deploy.triton.model_source import resolve_model
+from deploy.triton.server import TritonPorts, start_triton
+from models.loading import new_tiny_model, save_markup_model
+from monitoring.backend_metrics import parse_samples, sample_value
+
+pytestmark = pytest.mark.services
+
+REGISTERED_NAME = "docmarkup-test"
+MAX_TOKENS = 48
+
+
+def chaotic_model(tokenizer, seed: int):
+    """A tiny untrained DocVLM with large weights, so greedy outputs vary from token to token
+    (a default-initialised one repeats one token, which would make stream/unary checks vacuous)."""
+    model = new_tiny_model(tokenizer, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 3.0 / parameter[0].numel() ** 0.5)
+    return model
+
+
+def png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def registry(tokenizer, tmp_path_factory):
+    """Two registered versions with different weights; ``champion`` points at version 2."""
+    from mlflow import MlflowClient  # a client bound to this store: no global MLflow state changes
+
+    root = tmp_path_factory.mktemp("mlflow")
+    tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    experiment = client.create_experiment("triton-test", artifact_location=(root / "artifacts").as_uri())
+    client.create_registered_model(REGISTERED_NAME)
+    folders = {}
+    for seed in (1, 2):
+        folder = save_markup_model(chaotic_model(tokenizer, seed), tokenizer, root / f"model-{seed}")
+        run = client.create_run(experiment)
+        client.log_artifacts(run.info.run_id, str(folder), artifact_path="model")
+        client.set_terminated(run.info.run_id)
+        version = client.create_model_version(REGISTERED_NAME, source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
+        folders[str(version.version)] = folder
+    client.set_registered_model_alias(REGISTERED_NAME, "champion", "2")
+    return {"tracking_uri": tracking_uri, "folders": folders, "root": root}
+
+
+@pytest.fixture(scope="module")
+def triton(registry):
+    name = f"triton-test-{os.getpid()}"
+    server = start_triton(
+        f"models:/{REGISTERED_NAME}@champion", ports=TritonPorts.free(), name=name,
+        tracking_uri=registry["tracking_uri"], repository_dir=registry["root"] / "model_repository",
+        model_cache_dir=registry["root"] / "model_cache",
+    )
+    print(f"\nTriton start-up (both models loaded): {server.startup_seconds:.1f}s")
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(VAR_DIR / "services" / name, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def client(triton) -> DocMarkupClient:
+    return DocMarkupClient(triton.http_url, triton.grpc_url, timeout_s=300)
+
+
+@pytest.fixture(scope="module")
+def page() -> bytes:
+    return png(generate_page(21)[1])
+
+
+def test_server_is_ready_with_both_models(triton, client):
+    assert triton.ready() and client.ready()
+    import tritonclient.http as httpclient
+
+    http = httpclient.InferenceServerClient(triton.http_url)
+    try:
+        stream_config = http.get_model_config("docmarkup_stream")
+        assert stream_config["model_transaction_policy"]["decoupled"] is True
+        assert http.get_server_metadata()["version"].startswith("2.")
+    finally:
+        http.close()
+
+
+def test_champion_alias_is_resolved_to_its_version(triton, client, registry, page):
+    result = client.transcribe(page, decoder="ar", max_new_tokens=MAX_TOKENS)
+    assert result.stats["model"]["registered_name"] == REGISTERED_NAME
+    assert (result.stats["model"]["alias"], result.stats["model"]["version"]) == ("champion", "2")
+    # Same text as version 2 decoded in-process, and not version 1's.
+    params = DecodeParams(decoder="ar", max_new_tokens=MAX_TOKENS)
+    image = Image.open(io.BytesIO(page)).convert("RGB")
+    expected = {v: DecodingEngine.from_pretrained(f).generate([image], params)[0] for v, f in registry["folders"].items()}
+    assert result.text == expected["2"].text and result.token_ids == expected["2"].token_ids
+    assert result.text != expected["1"].text
+    # The resolver used by the backend, called directly, agrees.
+    resolved = resolve_model(f"models:/{REGISTERED_NAME}@champion", registry["tracking_uri"], registry["root"] / "model_cache")
+    assert resolved.version == "2" and (resolved.path / "config.json").exists()
+
+
+def test_http_infer_returns_markup_text_and_stats(client, page):
+    result = client.transcribe(page, max_new_tokens=MAX_TOKENS)
+    assert result.text.strip()
+    assert len(result.token_ids) == result.stats["new_tokens"] > 0
+    assert result.stats["forward_passes"] > 0 and result.stats["params"]["decoder"] == "ar"
+    assert 0.0 < result.stats["mean_confidence"] <= 1.0
+
+
+@pytest.mark.parametrize("decoder", ["ar", "sdb"])
+def test_stream_concatenates_to_the_unary_result(client, page, decoder):
+    unary = client.transcribe(page, decoder=decoder, max_new_tokens=MAX_TOKENS)
+    with client.stream_transcribe(page, decoder=decoder, max_new_tokens=MAX_TOKENS) as stream:
+        chunks = list(stream)
+    assert len(chunks) > 1
+    assert "".join(chunk.text for chunk in chunks) == unary.text
+    assert [t for chunk in chunks for t in chunk.token_ids] == unary.token_ids
+    assert [chunk.forward_pass for chunk in chunks] == sorted({chunk.forward_pass for chunk in chunks})
+    assert all(len(chunk.confidences) == len(chunk.token_ids) for chunk in chunks)
+    assert stream.stats is not None and stream.stats["new_tokens"] == unary.stats["new_tokens"]
+    assert stream.stats["forward_passes"] == unary.stats["forward_passes"]
+
+
+def test_decoder_and_threshold_are_chosen_per_request(client, page):
+    ar = client.transcribe(page, decoder="ar", max_new_tokens=MAX_TOKENS)
+    sdb = client.transcribe(page, decoder="sdb", window=8, max_new_tokens=MAX_TOKENS)
+    assert ar.stats["params"]["decoder"] == "ar" and sdb.stats["params"]["window"] == 8
+    assert ar.stats["forward_passes"] == ar.stats["new_tokens"]  # AR: one token per forward
+    assert sdb.stats["tokens_per_forward"] != ar.stats["tokens_per_forward"]
+    strict = client.transcribe(page, decoder="block", block_length=8, threshold=1.0, max_new_tokens=16)
+    loose = client.transcribe(page, decoder="block", block_length=8, threshold=0.01, max_new_tokens=16)
+    assert strict.stats["params"]["threshold"] == 1.0 and loose.stats["params"]["threshold"] == pytest.approx(0.01)
+    assert loose.stats["forward_passes"] < strict.stats["forward_passes"]
+
+
+def test_corrupt_image_gets_a_clear_error_and_the_server_keeps_serving(triton, client, page):
+    with pytest.raises(TranscriptionError, match="corrupt or not an image") as unary_error:
+        client.transcribe(b"\x89PNG\r\n\x1a\n this is not a page")
+    assert unary_error.value.status == "400"
+    with pytest.raises(TranscriptionError, match="corrupt or not an image"), client.stream_transcribe(b"") as stream:
+        list(stream)
+    with pytest.raises(TranscriptionError, match="DECODER must be one of"):
+        client.transcribe(page, decoder="beam")
+    assert triton.ready()
+    assert client.transcribe(page, max_new_tokens=4).stats["new_tokens"] == 4
+
+
+def test_cancelling_a_stream_stops_decoding_on_the_server(triton, client, page):
+    before = parse_samples(triton.metrics_text())
+    budget = 400
+    with client.stream_transcribe(page, decoder="ar", max_new_tokens=budget) as stream:
+        for count, _chunk in enumerate(stream, start=1):
+            if count == 2:
+                stream.cancel()
+    labels = {"model": "docmarkup_stream", "decoder": "ar"}
+    deadline = time.monotonic() + 60
+    cancelled = 0.0
+    while time.monotonic() < deadline:
+        after = parse_samples(triton.metrics_text())
+        cancelled = (sample_value(after, "docmarkup_requests_total", outcome="cancelled", **labels) or 0.0) - (
+            sample_value(before, "docmarkup_requests_total", outcome="cancelled", **labels) or 0.0)
+        if cancelled:
+            break
+        time.sleep(0.5)
+    assert cancelled == 1
+    forwards = (sample_value(after, "docmarkup_forward_passes_total", **labels) or 0.0) - (
+        sample_value(before, "docmarkup_forward_passes_total", **labels) or 0.0)
+    assert 2 <= forwards < budget
+    assert client.transcribe(page, max_new_tokens=4).text  # the instance is free again
+
+
+def test_metrics_endpoint_has_backend_and_triton_metrics(triton, client, page):
+    labels = {"model": "docmarkup", "decoder": "ppc"}
+    before = parse_samples(triton.metrics_text())
+
+    def delta(after, name, **extra):
+        return (sample_value(after, name, **labels, **extra) or 0.0) - (sample_value(before, name, **labels, **extra) or 0.0)
+
+    result = client.transcribe(page, decoder="ppc", span=4, max_new_tokens=12)
+    after = parse_samples(triton.metrics_text())
+    stats = result.stats
+    assert delta(after, "docmarkup_requests_total", outcome="truncated" if stats["truncated"] else "ok") == 1
+    assert delta(after, "docmarkup_request_latency_seconds_count") == 1
+    assert delta(after, "docmarkup_request_latency_seconds_sum") == pytest.approx(stats["latency_s"])
+    assert delta(after, "docmarkup_tokens_per_forward_sum") == pytest.approx(stats["tokens_per_forward"])
+    assert delta(after, "docmarkup_acceptance_length_count") == stats["forward_passes"]
+    assert delta(after, "docmarkup_acceptance_length_sum") == sum(stats["accepted_lengths"])
+    assert delta(after, "docmarkup_mean_confidence_sum") == pytest.approx(stats["mean_confidence"], rel=1e-6)
+    assert delta(after, "docmarkup_generated_tokens_total") == stats["new_tokens"]
+    assert delta(after, "docmarkup_forward_passes_total") == stats["forward_passes"]
+    assert delta(after, "docmarkup_acceptance_length_bucket", le="+Inf") == stats["forward_passes"]
+    # Triton's own per-model metrics are on the same endpoint, counting the same request.
+    triton_labels = {"model": "docmarkup", "version": "1"}
+    successes = [sample_value(samples, "nv_inference_request_success", **triton_labels) for samples in (before, after)]
+    assert successes[1] - successes[0] == 1
+    assert sample_value(after, "nv_inference_request_failure", reason="BACKEND", **triton_labels) is not None
+    assert sample_value(after, "nv_inference_compute_infer_duration_us", **triton_labels) > 0
+    assert sample_value(after, "nv_cpu_utilization") is not None
+
+
+@pytest.mark.slow
+def test_promoting_another_version_and_reloading_serves_it(triton, client, registry, page):
+    from mlflow import MlflowClient
+
+    registry_client = MlflowClient(tracking_uri=registry["tracking_uri"], registry_uri=registry["tracking_uri"])
+    registry_client.set_registered_model_alias(REGISTERED_NAME, "champion", "1")
+    try:
+        triton.reload_models()
+        result = client.transcribe(page, decoder="ar", max_new_tokens=MAX_TOKENS)
+        with client.stream_transcribe(page, decoder="ar", max_new_tokens=MAX_TOKENS) as stream:
+            streamed = "".join(chunk.text for chunk in stream)
+    finally:
+        registry_client.set_registered_model_alias(REGISTERED_NAME, "champion", "2")
+    assert result.stats["model"]["version"] == "1" and stream.stats["model"]["version"] == "1"
+    image = Image.open(io.BytesIO(page)).convert("RGB")
+    [expected] = DecodingEngine.from_pretrained(registry["folders"]["1"]).generate(
+        [image], DecodeParams(decoder="ar", max_new_tokens=MAX_TOKENS))
+    assert result.text == streamed == expected.text
+
+
+@pytest.mark.slow
+def test_a_missing_alias_fails_start_up_with_the_reason(registry):
+    name = f"triton-bad-{os.getpid()}"
+    try:
+        with pytest.raises(ServiceError, match="alias nonexistent not found"):
+            start_triton(
+                f"models:/{REGISTERED_NAME}@nonexistent", ports=TritonPorts.free(), name=name,
+                tracking_uri=registry["tracking_uri"], repository_dir=registry["root"] / "bad_repository",
+                model_cache_dir=registry["root"] / "model_cache",
+            )
+    finally:
+        shutil.rmtree(VAR_DIR / "services" / name, ignore_errors=True)
