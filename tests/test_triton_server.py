@@ -24,6 +24,7 @@ from deploy.triton.model_source import resolve_model
 from deploy.triton.server import TritonPorts, start_triton
 from models.loading import new_tiny_model, save_markup_model
 from monitoring.backend_metrics import parse_samples, sample_value
+from monitoring.request_log import RequestLog
 
 pytestmark = pytest.mark.services
 
@@ -77,7 +78,7 @@ def triton(registry):
     server = start_triton(
         f"models:/{REGISTERED_NAME}@champion", ports=TritonPorts.free(), name=name,
         tracking_uri=registry["tracking_uri"], repository_dir=registry["root"] / "model_repository",
-        model_cache_dir=registry["root"] / "model_cache",
+        model_cache_dir=registry["root"] / "model_cache", request_log_dir=registry["root"] / "requests",
     )
     print(f"\nTriton start-up (both models loaded): {server.startup_seconds:.1f}s")
     try:
@@ -256,3 +257,17 @@ def test_a_missing_alias_fails_start_up_with_the_reason(registry):
             )
     finally:
         shutil.rmtree(VAR_DIR / "services" / name, ignore_errors=True)
+
+
+def test_served_pages_are_logged_for_drift_checks_and_feedback(client, registry):
+    image = png(generate_page(77)[1])
+    unary = client.transcribe(image, decoder="sdb", max_new_tokens=MAX_TOKENS)
+    with client.stream_transcribe(image, decoder="ar", max_new_tokens=MAX_TOKENS) as stream:
+        streamed = "".join(chunk.text for chunk in stream)
+    log = RequestLog(registry["root"] / "requests")
+    entries = [e for e in log.entries() if e.page_id == RequestLog.page_id_for(image)]
+    assert [(e.decoder, e.text) for e in entries] == [("sdb", unary.text), ("ar", streamed)]
+    assert entries[0].new_tokens == unary.stats["new_tokens"] and entries[0].model_version == "2"
+    assert entries[0].mean_confidence == pytest.approx(unary.stats["mean_confidence"], rel=1e-6)
+    if entries[0].mean_confidence < log.keep_images_below:  # an untrained model is unsure: its page is kept
+        assert log.image_path(entries[0]).read_bytes() == image

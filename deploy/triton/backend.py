@@ -24,12 +24,13 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from components.data.pages import InvalidPageError
+from components.data.pages import InvalidPageError, load_image
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import CommitEvent, DecodeParams
 from deploy.triton import protocol
 from deploy.triton.model_source import resolve_model
 from monitoring.backend_metrics import BackendMetrics
+from monitoring.request_log import RequestLog, ServedPage
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 FINALIZE_WAIT_S = 120.0
@@ -68,6 +69,7 @@ class TritonPythonModel:
         self.model_info = resolved.describe()
         self.engine = DecodingEngine.from_pretrained(resolved.path, device=parameters.get("device") or "cpu")
         self.metrics = BackendMetrics(pb_utils, self.model_name)
+        self.request_log = RequestLog(parameters.get("request_log_dir") or None)
         self._inflight = 0
         self._idle = threading.Condition()
         self.logger.log_info(
@@ -110,7 +112,7 @@ class TritonPythonModel:
         self.engine = None
 
     # ---------------------------------------------------------------------------------------
-    def _parse(self, request) -> tuple[DecodeParams, object]:
+    def _parse(self, request) -> tuple[DecodeParams, object, bytes]:
         inputs = {}
         for name in protocol.INPUT_NAMES:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -118,7 +120,21 @@ class TritonPythonModel:
         params = protocol.decode_params_from_inputs(
             inputs, default_decoder=self.default_decoder, max_new_tokens_limit=self.max_new_tokens_limit
         )
-        return params, protocol.image_from_input(inputs[protocol.IMAGE_INPUT])
+        image_bytes = protocol.image_bytes_from_input(inputs[protocol.IMAGE_INPUT])
+        return params, load_image(image_bytes), image_bytes
+
+    def _record_served(self, image_bytes: bytes, decoder: str, text: str, new_tokens: int, forward_passes: int,
+                       confidence_sum: float, latency: float, truncated: bool) -> None:
+        """Append the page to the production request log (drift checks, low-confidence feedback)."""
+        try:
+            self.request_log.record(ServedPage(
+                page_id=RequestLog.page_id_for(image_bytes), decoder=decoder,
+                mean_confidence=confidence_sum / new_tokens if new_tokens else 0.0, new_tokens=new_tokens,
+                forward_passes=forward_passes, latency_s=latency, truncated=truncated, text=text,
+                model_version=str(self.model_info.get("version") or self.model_info.get("uri")),
+            ), image_bytes)
+        except OSError as exc:  # a full disk must not fail the request that was already answered
+            self.logger.log_warn(f"{self.model_name}: request log write failed: {exc}")
 
     def _log_failure(self, what: str, exc: BaseException) -> None:
         self.logger.log_error(f"{self.model_name}: {what}: {exc}\n{traceback.format_exc()}")
@@ -130,7 +146,7 @@ class TritonPythonModel:
             if request.is_cancelled():
                 self.metrics.record_request(decoder, "cancelled", time.perf_counter() - started)
                 return pb_utils.InferenceResponse(error=_error("request cancelled", pb_utils.TritonError.CANCELLED))
-            params, image = self._parse(request)
+            params, image, image_bytes = self._parse(request)
             decoder = params.decoder
             [result] = self.engine.generate([image], params)
         except (protocol.RequestError, InvalidPageError) as exc:
@@ -147,6 +163,8 @@ class TritonPythonModel:
             accepted_lengths=stats.accepted_lengths, mean_confidence=stats.mean_confidence if stats.new_tokens else None,
         )
         self.metrics.record_request(decoder, protocol.outcome_of(result.finished, result.truncated), latency)
+        self._record_served(image_bytes, decoder, result.text, stats.new_tokens, stats.forward_passes,
+                            stats.confidence_sum, latency, result.truncated)
         payload = protocol.result_stats(result, params, self.model_info, latency)
         return pb_utils.InferenceResponse(output_tensors=[
             _tensor(protocol.TEXT_OUTPUT, protocol.as_object_array([result.text])),
@@ -178,7 +196,7 @@ class TritonPythonModel:
         started = time.perf_counter()
         decoder = self.default_decoder
         try:
-            params, image = self._parse(request)
+            params, image, image_bytes = self._parse(request)
             decoder = params.decoder
         except (protocol.RequestError, InvalidPageError) as exc:
             self.metrics.record_request(decoder, "invalid", time.perf_counter() - started)
@@ -192,6 +210,7 @@ class TritonPythonModel:
 
         accounting = protocol.StreamAccounting()
         cancelled = False
+        text: list[str] = []
         events = self.engine.stream([image], params)
         try:
             for event in events:
@@ -199,6 +218,7 @@ class TritonPythonModel:
                     cancelled = True
                     break
                 accounting.add(event)
+                text.append(event.text)
                 sender.send(self._commit_response(event))
         except Exception as exc:
             self._log_failure("streamed decoding failed", exc)
@@ -225,5 +245,7 @@ class TritonPythonModel:
                 self.logger.log_warn(f"{self.model_name}: could not close a cancelled request: {exc}")
             return
         self.metrics.record_request(decoder, protocol.outcome_of(accounting.finished, accounting.truncated), latency)
+        self._record_served(image_bytes, decoder, "".join(text), accounting.new_tokens, accounting.forward_passes,
+                            accounting.confidence_sum, latency, accounting.truncated)
         payload = accounting.as_dict(params, self.model_info, latency, cancelled=False)
         sender.send(self._final_response(accounting, payload), flags=FINAL)

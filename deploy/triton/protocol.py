@@ -92,8 +92,8 @@ def decode_params_from_inputs(
         raise RequestError(str(exc)) from exc
 
 
-def image_from_input(array: np.ndarray | None) -> Image.Image:
-    """Decode the ``IMAGE`` input; corrupt or empty pages raise ``InvalidPageError`` with the reason."""
+def image_bytes_from_input(array: np.ndarray | None) -> bytes:
+    """The encoded page image of the ``IMAGE`` input (kept for the request log)."""
     if array is None:
         raise RequestError(f"input {IMAGE_INPUT} is required")
     values = np.asarray(array, dtype=object).reshape(-1)
@@ -102,7 +102,12 @@ def image_from_input(array: np.ndarray | None) -> Image.Image:
     data = values[0]
     if isinstance(data, str):
         data = data.encode("latin-1")
-    return load_image(bytes(data))
+    return bytes(data)
+
+
+def image_from_input(array: np.ndarray | None) -> Image.Image:
+    """Decode the ``IMAGE`` input; corrupt or empty pages raise ``InvalidPageError`` with the reason."""
+    return load_image(image_bytes_from_input(array))
 
 
 def params_dict(params: DecodeParams) -> dict[str, Any]:

@@ -64,6 +64,7 @@ def materialize_repository(
     instance_count: int = 1,
     torch_threads: int = 1,
     model_cache_dir: str | Path | None = None,
+    request_log_dir: str | Path | None = None,
 ) -> Path:
     """Copy the template repository to ``destination`` with the model source filled in.
 
@@ -94,6 +95,7 @@ def materialize_repository(
         "max_new_tokens_limit": str(max_new_tokens_limit),
         "torch_threads": str(torch_threads),
         "model_cache_dir": str(Path(model_cache_dir).resolve()) if model_cache_dir else "",
+        "request_log_dir": str(Path(request_log_dir).resolve()) if request_log_dir else "",
     }
     for model in MODEL_NAMES:
         config = staging / model / "config.pbtxt"
