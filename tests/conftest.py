@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
+
+# Tiny models on a 2-core machine: more than one intra-op thread only adds contention.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +25,11 @@ def tokenizer():
     from components.tokenizer import train_markup_tokenizer
 
     return train_markup_tokenizer([generate_page(seed)[0].markup for seed in range(300)], vocab_size=512)
+
+
+@pytest.fixture(scope="session")
+def curation_model_dir(tokenizer, tmp_path_factory):
+    """An untrained tiny DocVLM saved to disk: deterministic when greedy, its samples disagree."""
+    from models.loading import new_tiny_model, save_markup_model
+
+    return save_markup_model(new_tiny_model(tokenizer, seed=0), tokenizer, tmp_path_factory.mktemp("curation-model"))

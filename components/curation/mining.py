@@ -1,0 +1,190 @@
+"""Consistency mining: find the pages the model is unsure about by sampling it T times.
+
+For each page, T stochastic decodes run as one batched engine call (the same image T times;
+the engine seeds row r with ``seed + r``, so the rows differ). The page's consistency
+C(x) = mean pairwise similarity of the T outputs (:func:`pairwise_consistency`, with the
+task's metric: TEDS for tables, 1 − normalized edit distance for text and formulas, and the
+block-matched mix of those for whole pages). Pages with C(x) < τ_train are *hard*: they go to
+Label Studio for correction. C(x) stays on the page (``meta["consistency"]``) so the Stage-2
+data loader can weight a page by 1 + β(1 − C).
+
+Each page's seed is derived from its id, so a page's samples do not depend on the order of
+pages or on where a previous run stopped. Finished pages are journaled
+(``consistency.journal.jsonl``) and folded into the manifest atomically; a re-run with the same
+settings skips them, and a re-run with another τ_train only re-labels ``hard``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from components.curation.storage import Journal, write_subset
+from components.data.pages import InvalidPageError, Page, PageDataset
+from components.decoding.types import DecodeParams
+from components.metrics.consistency import CONSISTENCY_KINDS, pairwise_consistency
+
+logger = logging.getLogger(__name__)
+
+JOURNAL_NAME = "consistency.journal.jsonl"
+MINING_KINDS = tuple(k for k in CONSISTENCY_KINDS if k != "layout")
+
+
+@dataclass
+class MiningReport:
+    scores: dict[str, float]  # page id -> C(x), every page scored with these settings (this run or earlier)
+    hard: list[str]  # page ids with C(x) < tau_train
+    tau_train: float
+    settings: dict[str, Any]
+    mined: list[str] = field(default_factory=list)  # scored by this call
+    skipped: list[str] = field(default_factory=list)  # scored earlier with the same settings
+    failed: dict[str, str] = field(default_factory=dict)  # page id -> reason (corrupt image, ...)
+    engine_calls: int = 0
+    seconds: float = 0.0
+
+    @property
+    def mean_consistency(self) -> float | None:
+        return sum(self.scores.values()) / len(self.scores) if self.scores else None
+
+
+def page_seed(seed: int, page_id: str) -> int:
+    """A per-page seed independent of page order: ``seed`` + CRC32 of the page id."""
+    return seed + zlib.crc32(page_id.encode("utf-8"))
+
+
+def _settings_key(settings: dict[str, Any]) -> str:
+    return ";".join(f"{k}={settings[k]}" for k in sorted(settings))
+
+
+def _fold(dataset: PageDataset, journal: Journal, tau_train: float) -> None:
+    latest: dict[str, dict] = {}
+    for record in journal.records():
+        if record.get("status") == "done":
+            latest[record["page_id"]] = record
+    if not latest:
+        return
+    changed: list[Page] = []
+    for page in dataset.pages():
+        record = latest.get(page.page_id)
+        if record is None:
+            continue
+        meta = {**page.meta, "consistency": record["consistency"], "hard": record["consistency"] < tau_train,
+                "consistency_run": {**record["settings"], "tau_train": tau_train, "mined_at": record["mined_at"]}}
+        if meta != page.meta:
+            changed.append(replace(page, meta=meta))
+    if changed:
+        dataset.upsert(changed)
+
+
+def mine_consistency(
+    engine,
+    dataset: PageDataset,
+    T: int = 4,
+    temperature: float = 1.0,
+    tau_train: float = 0.8,
+    kind: str = "page",
+    seed: int = 0,
+    decoder: str = "ar",
+    max_new_tokens: int = 512,
+    resume: bool = True,
+    *,
+    top_k: int = 0,
+    model_version: str | None = None,
+    page_ids: Iterable[str] | None = None,
+    flush_every: int = 25,
+    keep_samples: bool = False,
+) -> MiningReport:
+    """Score every page's consistency C(x) and flag pages under ``tau_train`` as hard.
+
+    ``model_version`` (recommended) is part of the settings a finished page is matched on, so
+    a new model re-mines every page. ``keep_samples`` also journals the T outputs (for
+    inspection; the manifest only gets C, ``hard`` and the settings).
+    """
+    if T < 2:
+        raise ValueError(f"consistency needs at least T=2 samples per page, got T={T}")
+    if temperature <= 0:
+        raise ValueError(f"consistency mining samples, so temperature must be > 0, got {temperature}")
+    if not 0.0 <= tau_train <= 1.0:
+        raise ValueError(f"tau_train must be in [0, 1], got {tau_train}")
+    if kind not in MINING_KINDS:
+        hint = " (the engine outputs markup, not boxes: score layout with pairwise_consistency(boxes, 'layout'))" \
+            if kind == "layout" else ""
+        raise ValueError(f"kind must be one of {MINING_KINDS}, got {kind!r}{hint}")
+    DecodeParams(decoder=decoder, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k)  # validate early
+
+    settings = {"T": T, "temperature": temperature, "top_k": top_k, "kind": kind, "seed": seed, "decoder": decoder,
+                "max_new_tokens": max_new_tokens, "model_version": model_version}
+    key = _settings_key(settings)
+    journal = Journal(dataset.root / JOURNAL_NAME)
+    journal.repair()
+    _fold(dataset, journal, tau_train)
+
+    latest: dict[str, dict] = {}
+    for record in journal.records():
+        if record.get("status") == "done":
+            latest[record["page_id"]] = record
+    wanted = set(page_ids) if page_ids is not None else None
+    report = MiningReport(scores={}, hard=[], tau_train=tau_train, settings=settings)
+    started = time.perf_counter()
+    pending = 0
+    try:
+        for page in dataset.pages():
+            if wanted is not None and page.page_id not in wanted:
+                continue
+            previous = latest.get(page.page_id)
+            if resume and previous is not None and previous.get("settings_key") == key:
+                report.scores[page.page_id] = previous["consistency"]
+                report.skipped.append(page.page_id)
+                continue
+            try:
+                image = dataset.load_image(page)
+            except InvalidPageError as exc:
+                report.failed[page.page_id] = str(exc)
+                logger.warning("consistency mining skipped page %s: %s", page.page_id, exc)
+                continue
+            params = DecodeParams(decoder=decoder, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                  seed=page_seed(seed, page.page_id))
+            results = engine.generate([image] * T, params)
+            report.engine_calls += 1
+            outputs = [result.text for result in results]
+            consistency = float(pairwise_consistency(outputs, kind))
+            record = {"page_id": page.page_id, "status": "done", "consistency": round(consistency, 6),
+                      "settings": settings, "settings_key": key,
+                      "mined_at": datetime.now(UTC).isoformat(timespec="seconds")}
+            if keep_samples:
+                record["samples"] = outputs
+            journal.append(record)
+            report.scores[page.page_id] = record["consistency"]
+            report.mined.append(page.page_id)
+            pending += 1
+            if pending >= flush_every:
+                _fold(dataset, journal, tau_train)
+                pending = 0
+    finally:
+        _fold(dataset, journal, tau_train)
+        report.seconds = time.perf_counter() - started
+    report.hard = sorted((pid for pid, c in report.scores.items() if c < tau_train), key=lambda pid: (report.scores[pid], pid))
+    return report
+
+
+def hard_examples(dataset: PageDataset) -> list[Page]:
+    """Pages flagged hard by the last mining run, least consistent first."""
+    hard = [page for page in dataset.pages() if page.meta.get("hard")]
+    return sorted(hard, key=lambda page: (page.meta.get("consistency", 0.0), page.page_id))
+
+
+def write_hard_examples(dataset: PageDataset, root: str | os.PathLike) -> PageDataset:
+    """Write the hard pages as their own :class:`PageDataset` (for Label Studio and DVC)."""
+    return write_subset(dataset, hard_examples(dataset), root)
+
+
+def consistency_weight(page: Page, beta: float) -> float:
+    """Stage-2 sample weight 1 + β(1 − C); pages never mined weigh 1."""
+    consistency = page.meta.get("consistency")
+    return 1.0 if consistency is None else 1.0 + beta * (1.0 - float(consistency))

@@ -1,0 +1,162 @@
+"""Curation steps as the pipeline runs them, each idempotent and resumable.
+
+The Prefect ``curate`` flow calls these one by one (as tasks, with retries where a service is
+involved); they hold no Prefect code, so tests and notebooks run them directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from components.curation.labelstudio import (
+    PagePrediction,
+    apply_corrections,
+    connect,
+    ensure_project,
+    export_corrections,
+    queue_pages,
+)
+from components.curation.mining import mine_consistency, write_hard_examples
+from components.curation.preannotate import make_preannotator, preannotate_dataset
+from components.curation.splits import make_splits
+from components.data.pages import PageDataset
+from components.data.synthetic import SyntheticConfig, generate_page
+from components.data.versioning import DataVersion, DataVersioner
+from components.pipeline import PipelineConfig
+from components.services.process import PROJECT_ROOT
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LabelStudioHandle:
+    client: object
+    url: str
+    project_id: int
+
+
+def ingest_pages(cfg: PipelineConfig) -> dict:
+    """Add the configured synthetic pages (and PDFs / images) to ``data/pages``; existing pages stay."""
+    dataset = PageDataset(cfg.pages_dir)
+    existing = {p.page_id for p in dataset.pages()} if dataset.exists() else set()
+    synthetic = SyntheticConfig.preset(cfg.ingest.synthetic_preset)
+    new_pages = []
+    for offset in range(cfg.ingest.synthetic_pages):
+        seed = cfg.ingest.synthetic_seed + offset
+        page_id = f"syn-{seed:08d}"
+        if page_id in existing:
+            continue
+        page, image = generate_page(seed, synthetic, page_id=page_id)
+        page.image = dataset.save_image(page_id, image)
+        new_pages.append(page)
+    if new_pages:
+        dataset.upsert(new_pages)
+    report = {"synthetic_added": len(new_pages)}
+    if cfg.ingest.pdf_dir or cfg.ingest.image_dir:
+        from components.data.pdf import import_images, import_pdfs
+
+        if cfg.ingest.pdf_dir:
+            report["pdf"] = import_pdfs(cfg.ingest.pdf_dir, cfg.pages_dir, on_error="skip").summary()
+        if cfg.ingest.image_dir:
+            report["images"] = import_images(cfg.ingest.image_dir, cfg.pages_dir, on_error="skip").summary()
+    report["total_pages"] = len(dataset.pages())
+    return report
+
+
+def preannotate_pages(cfg: PipelineConfig) -> tuple[list[PagePrediction], str, dict]:
+    """Pre-annotate (a sample of) the pages; returns predictions for the annotation queue."""
+    dataset = PageDataset(cfg.pages_dir)
+    section = cfg.curation.preannotation
+    annotator = make_preannotator({"backend": section.backend, **section.options})
+    pages = dataset.pages()
+    wanted = [p.page_id for p in pages][: section.max_pages] if section.max_pages else None
+    report = preannotate_dataset(dataset, annotator, page_ids=wanted)
+    predictions = []
+    for page in PageDataset(cfg.pages_dir).pages():
+        record = page.meta.get("preannotation")
+        if record and (wanted is None or page.page_id in wanted) and record.get("model_version") == annotator.model_version:
+            predictions.append(PagePrediction(page.page_id, record["markup"], float(record["confidence"])))
+    summary = {"annotated": len(report.annotated), "skipped": len(report.skipped), "failed": report.failed,
+               "pages_per_second": round(report.pages_per_second, 2), "model_version": annotator.model_version}
+    return predictions, annotator.model_version, summary
+
+
+def label_studio(cfg: PipelineConfig) -> LabelStudioHandle:
+    """Connect to the configured Label Studio, starting the project's own server if none is given."""
+    section = cfg.curation.label_studio
+    if section.url:
+        if not section.api_key:
+            raise ValueError("curation.label_studio.url is set but api_key is not")
+        url, api_key = section.url, section.api_key
+    else:
+        from components.services.labelstudio import start_label_studio
+
+        connection = start_label_studio(section.port)
+        url, api_key = connection.url, connection.api_key
+    client = connect(url, api_key)
+    return LabelStudioHandle(client=client, url=url, project_id=ensure_project(client, section.project))
+
+
+def queue_for_annotation(cfg: PipelineConfig, dataset: PageDataset, predictions: list[PagePrediction], model_version: str) -> dict:
+    """Queue the least confident pages (below the configured confidence), lowest first."""
+    section = cfg.curation.label_studio
+    chosen = sorted((p for p in predictions if p.confidence < section.queue_below_confidence), key=lambda p: p.confidence)
+    chosen = chosen[: section.max_tasks]
+    if not chosen:
+        return {"queued": 0, "already_queued": 0}
+    handle = label_studio(cfg)
+    result = queue_pages(handle.client, handle.project_id, dataset, chosen, model_version)
+    return {"queued": len(result.queued), "already_queued": len(result.already_queued), "url": handle.url,
+            "project_id": handle.project_id}
+
+
+def import_corrections(cfg: PipelineConfig) -> dict:
+    """Apply annotators' accepted corrections to ``data/pages``; report the rejected ones."""
+    handle = label_studio(cfg)
+    corrections = export_corrections(handle.client, handle.project_id)
+    changed = apply_corrections(PageDataset(cfg.pages_dir), corrections)
+    rejected = [{"page_id": c.page_id, "reason": c.reason} for c in corrections if not c.accepted]
+    return {"corrections": len(corrections), "applied": len(changed), "rejected": rejected}
+
+
+def split_pages(cfg: PipelineConfig) -> dict[str, int]:
+    result = make_splits(PageDataset(cfg.pages_dir), cfg.curation.splits, out_dir=cfg.splits_dir)
+    return result.counts()
+
+
+def mine_hard_examples(cfg: PipelineConfig, model_dir, model_version: str) -> tuple[dict, list[PagePrediction]]:
+    """C(x) for training pages under the given model; hard ones written to ``data/hard``.
+
+    Returns a summary and, for the hard pages, the model's greedy markup as the prediction an
+    annotator starts from, with C(x) as its confidence (least consistent first in the queue).
+    """
+    from components.decoding.engine import DecodingEngine
+    from components.decoding.types import DecodeParams
+
+    section = cfg.curation.mining
+    engine = DecodingEngine.from_pretrained(model_dir)
+    train = PageDataset(cfg.split_dir("train"))
+    page_ids = [p.page_id for p in train.pages()][: section.max_pages] if section.max_pages else None
+    report = mine_consistency(
+        engine, train, T=section.samples, temperature=section.temperature, tau_train=section.tau_train,
+        kind=section.kind, max_new_tokens=section.max_new_tokens, model_version=model_version, page_ids=page_ids,
+    )
+    hard = write_hard_examples(train, cfg.hard_dir)
+    predictions = []
+    for page in hard.pages():
+        [result] = engine.generate([hard.load_image(page)], DecodeParams(max_new_tokens=section.max_new_tokens))
+        predictions.append(PagePrediction(page.page_id, result.text, float(page.meta.get("consistency", 0.0))))
+    summary = {"mined": len(report.mined), "skipped": len(report.skipped), "hard": len(report.hard),
+               "mean_consistency": report.mean_consistency, "seconds": round(report.seconds, 1)}
+    return summary, predictions
+
+
+def version_data(cfg: PipelineConfig, message: str) -> DataVersion:
+    """``dvc add data`` + push to the local remote; the version every later run records."""
+    versioner = DataVersioner(PROJECT_ROOT, data_dir=str(cfg.data_root.relative_to(PROJECT_ROOT)))
+    return versioner.commit(message)
+
+
+def current_data_version(cfg: PipelineConfig) -> DataVersion | None:
+    return DataVersioner(PROJECT_ROOT, data_dir=str(cfg.data_root.relative_to(PROJECT_ROOT))).current_version()

@@ -1,0 +1,185 @@
+"""The life-cycle configuration the Prefect flows share, validated up front.
+
+One YAML file (``configs/pipeline/*.yaml``) says where data lives, how curation, training,
+evaluation, deployment and monitoring run. Unknown keys and impossible values are rejected
+before any flow starts work, with the offending key named.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from components.services.process import PROJECT_ROOT, VAR_DIR
+
+
+class PipelineConfigError(ValueError):
+    """A pipeline config that cannot run."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class IngestSection(_Strict):
+    synthetic_pages: int = Field(160, ge=0)
+    synthetic_seed: int = 0
+    synthetic_preset: Literal["tiny", "standard"] = "tiny"
+    pdf_dir: str | None = None  # bring your own pages: PDFs rendered with pypdfium2
+    image_dir: str | None = None
+
+
+class PreannotationSection(_Strict):
+    backend: str = "rapidocr"
+    options: dict[str, Any] = Field(default_factory=dict)
+    max_pages: int | None = Field(16, ge=1)  # the demo pre-annotates a sample; None = all pages
+
+
+class LabelStudioSection(_Strict):
+    enabled: bool = True
+    url: str | None = None  # an existing server; None = start the project's own
+    api_key: str | None = None
+    port: int = 8089
+    project: str = "docmarkup pages"
+    queue_below_confidence: float = Field(0.9, ge=0.0, le=1.0)
+    max_tasks: int = Field(50, ge=1)
+
+
+class MiningSection(_Strict):
+    samples: int = Field(4, ge=2, description="T stochastic decodes per page")
+    temperature: float = Field(1.0, gt=0.0)
+    tau_train: float = Field(0.75, ge=0.0, le=1.0)
+    kind: Literal["page", "text", "table", "formula"] = "page"
+    max_pages: int | None = Field(32, ge=1)
+    max_new_tokens: int = Field(192, ge=8)
+
+
+class CurationSection(_Strict):
+    preannotation: PreannotationSection = Field(default_factory=PreannotationSection)
+    label_studio: LabelStudioSection = Field(default_factory=LabelStudioSection)
+    mining: MiningSection = Field(default_factory=MiningSection)
+    splits: dict[str, float] = Field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
+
+
+class StageSection(_Strict):
+    config: str
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainingSection(_Strict):
+    launcher: Literal["inprocess", "torchrun", "deepspeed"] = "inprocess"
+    num_processes: int = Field(1, ge=1)
+    stages: dict[str, StageSection]
+
+    @field_validator("stages")
+    @classmethod
+    def _known_stages(cls, stages: dict[str, StageSection]) -> dict[str, StageSection]:
+        unknown = set(stages) - {"stage1", "stage2", "darl"}
+        if unknown:
+            raise ValueError(f"unknown training stage(s) {sorted(unknown)}; stages are stage1, stage2, darl")
+        if "stage1" not in stages:
+            raise ValueError("training needs at least stage1")
+        return stages
+
+
+class GatesSection(_Strict):
+    max_score_drop: float = 0.0
+    min_speedup: float = 1.5
+    speed_decoder: str = "sdb"
+    speed_metric: Literal["forward_reduction", "tps_speedup", "wall_speedup"] = "forward_reduction"
+    min_overall: float = 0.0
+
+
+class EvaluationSection(_Strict):
+    split: Literal["val", "test"] = "test"
+    max_pages: int | None = Field(24, ge=1)
+    max_new_tokens: int = Field(256, ge=8)
+    decoders: list[Literal["ar", "sdb", "block", "ppc"]] = Field(default_factory=lambda: ["ar", "sdb", "block", "ppc"])
+    threshold: float = 0.95
+    window: int = 16
+    model_name: str = "docmarkup"
+    gates: GatesSection = Field(default_factory=GatesSection)
+
+
+class DeploySection(_Strict):
+    enabled: bool = True
+    model_uri: str | None = None  # default: models:/<model_name>@champion
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    smoke_pages: int = Field(4, ge=0)
+
+
+class MonitoringSection(_Strict):
+    low_confidence: float = Field(0.8, ge=0.0, le=1.0)
+    psi_threshold: float = 0.2
+    min_production_pages: int = 20
+
+
+class PipelineConfig(_Strict):
+    name: str = "docmarkup"
+    data_dir: str = "data"
+    ingest: IngestSection = Field(default_factory=IngestSection)
+    curation: CurationSection = Field(default_factory=CurationSection)
+    training: TrainingSection
+    evaluation: EvaluationSection = Field(default_factory=EvaluationSection)
+    deploy: DeploySection = Field(default_factory=DeploySection)
+    monitoring: MonitoringSection = Field(default_factory=MonitoringSection)
+
+    # ----- derived paths (one place, so flows never disagree about where things are) -------
+    @property
+    def data_root(self) -> Path:
+        return _resolve(self.data_dir)
+
+    @property
+    def pages_dir(self) -> Path:
+        return self.data_root / "pages"
+
+    @property
+    def splits_dir(self) -> Path:
+        return self.data_root / "splits"
+
+    def split_dir(self, split: str) -> Path:
+        return self.splits_dir / split
+
+    @property
+    def hard_dir(self) -> Path:
+        return self.data_root / "hard"
+
+    @property
+    def production_dir(self) -> Path:
+        return self.data_root / "production"
+
+    @property
+    def run_dir(self) -> Path:
+        return VAR_DIR / "pipeline" / self.name
+
+
+def _resolve(path: str | Path) -> Path:
+    path = Path(path)
+    return path if path.is_absolute() else (PROJECT_ROOT / path)
+
+
+def load_pipeline_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Read and validate a pipeline YAML; ``overrides`` use dotted keys (``evaluation.max_pages``)."""
+    path = _resolve(path)
+    if not path.exists():
+        raise PipelineConfigError(f"pipeline config {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise PipelineConfigError(f"{path} is not valid YAML: {exc}") from exc
+    for dotted, value in (overrides or {}).items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise PipelineConfigError(f"{path}: {problems}") from exc
