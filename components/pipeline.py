@@ -36,6 +36,7 @@ class PreannotationSection(_Strict):
     backend: str = "rapidocr"
     options: dict[str, Any] = Field(default_factory=dict)
     max_pages: int | None = Field(16, ge=1)  # the demo pre-annotates a sample; None = all pages
+    shards: int = Field(1, ge=1)  # pages are split by hash into shards annotated in parallel tasks
 
 
 class LabelStudioSection(_Strict):
@@ -119,20 +120,34 @@ class MonitoringSection(_Strict):
     min_production_pages: int = 20
 
 
+class ExecutionSection(_Strict):
+    """How Prefect runs parallel tasks: threads in the flow process, or a Dask cluster."""
+
+    task_runner: Literal["threads", "dask"] = "threads"
+    workers: int = Field(2, ge=1)
+    dask_address: str | None = None  # an existing scheduler (tcp://...); None = a local cluster
+
+
 class PipelineConfig(_Strict):
     name: str = "docmarkup"
-    data_dir: str = "data"
+    repo_root: str = "."  # the git/DVC repository that versions data_dir (relative: to the project)
+    data_dir: str = "data"  # relative to repo_root; versioned as <repo_root>/<data_dir>.dvc
     ingest: IngestSection = Field(default_factory=IngestSection)
     curation: CurationSection = Field(default_factory=CurationSection)
     training: TrainingSection
     evaluation: EvaluationSection = Field(default_factory=EvaluationSection)
     deploy: DeploySection = Field(default_factory=DeploySection)
     monitoring: MonitoringSection = Field(default_factory=MonitoringSection)
+    execution: ExecutionSection = Field(default_factory=ExecutionSection)
 
     # ----- derived paths (one place, so flows never disagree about where things are) -------
     @property
+    def repository(self) -> Path:
+        return _resolve(self.repo_root)
+
+    @property
     def data_root(self) -> Path:
-        return _resolve(self.data_dir)
+        return self.repository / self.data_dir
 
     @property
     def pages_dir(self) -> Path:

@@ -7,6 +7,7 @@ involved); they hold no Prefect code, so tests and notebooks run them directly.
 from __future__ import annotations
 
 import logging
+import zlib
 from dataclasses import dataclass
 
 from components.curation.labelstudio import (
@@ -24,7 +25,6 @@ from components.data.pages import PageDataset
 from components.data.synthetic import SyntheticConfig, generate_page
 from components.data.versioning import DataVersion, DataVersioner
 from components.pipeline import PipelineConfig
-from components.services.process import PROJECT_ROOT
 
 logger = logging.getLogger(__name__)
 
@@ -64,22 +64,50 @@ def ingest_pages(cfg: PipelineConfig) -> dict:
     return report
 
 
-def preannotate_pages(cfg: PipelineConfig) -> tuple[list[PagePrediction], str, dict]:
-    """Pre-annotate (a sample of) the pages; returns predictions for the annotation queue."""
-    dataset = PageDataset(cfg.pages_dir)
+def preannotation_shard(page_id: str, shards: int) -> int:
+    """Stable shard of a page (crc32 of its id), so re-runs resume the same shard journals."""
+    return zlib.crc32(page_id.encode()) % shards
+
+
+def _preannotation_targets(cfg: PipelineConfig) -> list[str]:
+    section = cfg.curation.preannotation
+    page_ids = [p.page_id for p in PageDataset(cfg.pages_dir).pages()]
+    return page_ids[: section.max_pages] if section.max_pages else page_ids
+
+
+def preannotate_shard(cfg: PipelineConfig, shard: int) -> dict:
+    """Pre-annotate one shard into its own folder (disjoint writers: safe in parallel tasks)."""
     section = cfg.curation.preannotation
     annotator = make_preannotator({"backend": section.backend, **section.options})
-    pages = dataset.pages()
-    wanted = [p.page_id for p in pages][: section.max_pages] if section.max_pages else None
-    report = preannotate_dataset(dataset, annotator, page_ids=wanted)
-    predictions = []
-    for page in PageDataset(cfg.pages_dir).pages():
-        record = page.meta.get("preannotation")
-        if record and (wanted is None or page.page_id in wanted) and record.get("model_version") == annotator.model_version:
-            predictions.append(PagePrediction(page.page_id, record["markup"], float(record["confidence"])))
-    summary = {"annotated": len(report.annotated), "skipped": len(report.skipped), "failed": report.failed,
-               "pages_per_second": round(report.pages_per_second, 2), "model_version": annotator.model_version}
-    return predictions, annotator.model_version, summary
+    wanted = [pid for pid in _preannotation_targets(cfg) if preannotation_shard(pid, section.shards) == shard]
+    out = PageDataset(cfg.run_dir / "preannotation" / f"shard-{shard}-of-{section.shards}")
+    report = preannotate_dataset(PageDataset(cfg.pages_dir), annotator, out=out, page_ids=wanted)
+    return {"shard": shard, "annotated": len(report.annotated), "skipped": len(report.skipped), "failed": report.failed,
+            "seconds": round(report.seconds, 1), "model_version": annotator.model_version}
+
+
+def merge_preannotations(cfg: PipelineConfig) -> tuple[list[PagePrediction], str]:
+    """Fold every shard's pre-annotations into ``data/pages`` (one writer) and list them for the queue."""
+    section = cfg.curation.preannotation
+    model_version = make_preannotator({"backend": section.backend, **section.options}).model_version
+    found: dict[str, dict] = {}
+    for shard in range(section.shards):
+        out = PageDataset(cfg.run_dir / "preannotation" / f"shard-{shard}-of-{section.shards}")
+        if out.exists():
+            for page in out.pages():
+                record = page.meta.get("preannotation")
+                if record and record.get("model_version") == model_version:
+                    found[page.page_id] = record
+    dataset = PageDataset(cfg.pages_dir)
+    updated = []
+    for page in dataset.pages():
+        if page.page_id in found and page.meta.get("preannotation") != found[page.page_id]:
+            page.meta["preannotation"] = found[page.page_id]
+            updated.append(page)
+    if updated:
+        dataset.upsert(updated)
+    predictions = [PagePrediction(pid, r["markup"], float(r["confidence"])) for pid, r in found.items()]
+    return predictions, model_version
 
 
 def label_studio(cfg: PipelineConfig) -> LabelStudioHandle:
@@ -154,9 +182,8 @@ def mine_hard_examples(cfg: PipelineConfig, model_dir, model_version: str) -> tu
 
 def version_data(cfg: PipelineConfig, message: str) -> DataVersion:
     """``dvc add data`` + push to the local remote; the version every later run records."""
-    versioner = DataVersioner(PROJECT_ROOT, data_dir=str(cfg.data_root.relative_to(PROJECT_ROOT)))
-    return versioner.commit(message)
+    return DataVersioner(cfg.repository, data_dir=cfg.data_dir).commit(message)
 
 
 def current_data_version(cfg: PipelineConfig) -> DataVersion | None:
-    return DataVersioner(PROJECT_ROOT, data_dir=str(cfg.data_root.relative_to(PROJECT_ROOT))).current_version()
+    return DataVersioner(cfg.repository, data_dir=cfg.data_dir).current_version()

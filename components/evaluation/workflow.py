@@ -1,0 +1,61 @@
+"""Evaluate a trained model on the held-out split, log it to MLflow, register it, gate the champion."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import mlflow
+
+from components.data.pages import PageDataset
+from components.decoding.engine import DecodingEngine
+from components.decoding.types import DecodeParams
+from components.evaluation.evaluate import EvaluationReport, evaluate_decoders
+from components.pipeline import PipelineConfig
+from components.registry import mlflow_registry as registry
+from monitoring.drift import save_reference
+
+DRIFT_REFERENCE_ARTIFACT = "evaluation/drift_reference.json"
+
+
+def decoder_params(cfg: PipelineConfig) -> list[DecodeParams]:
+    section = cfg.evaluation
+    return [
+        DecodeParams(decoder=name, max_new_tokens=section.max_new_tokens, threshold=section.threshold, window=section.window)
+        for name in section.decoders
+    ]
+
+
+def evaluate_model(cfg: PipelineConfig, model_dir: Path) -> EvaluationReport:
+    dataset = PageDataset(cfg.split_dir(cfg.evaluation.split))
+    return evaluate_decoders(DecodingEngine.from_pretrained(model_dir), dataset, decoder_params(cfg), limit=cfg.evaluation.max_pages)
+
+
+def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version: dict | None = None,
+                          training: dict | None = None) -> dict:
+    """The evaluation flow's body: one MLflow run, one registered version, an alias only if gates pass."""
+    registry.configure(experiment=f"{cfg.name}-evaluation")
+    report = evaluate_model(cfg, model_dir)
+    params = {"model_dir": str(model_dir), "split": cfg.evaluation.split, "n_pages": report.n_pages,
+              **{f"decoder.{p.decoder}": p for p in decoder_params(cfg)}, **{f"train.{k}": v for k, v in (training or {}).items()}}
+    tags = {f"data.{k}": str(v) for k, v in (data_version or {}).items()}
+    run_id = registry.log_evaluation(report, model_dir, params=params, data_version=(data_version or {}).get("md5"), tags=tags)
+    with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
+        reference = save_reference(report.decoders["ar"].pages, Path(tmp) / "drift_reference.json")
+        mlflow.log_artifact(str(reference), artifact_path="evaluation")
+    version = registry.register_version(run_id, cfg.evaluation.model_name, description=f"evaluated on {report.n_pages} pages")
+    gates = registry.Gates(**cfg.evaluation.gates.model_dump())
+    decision = registry.promote_if_passing(cfg.evaluation.model_name, version, gates)
+    return {
+        "run_id": run_id, "model_name": cfg.evaluation.model_name, "version": version, "promoted": decision.passed,
+        "gate_failures": decision.reasons, "previous_champion": decision.previous_champion,
+        "table": report.table(), "ratios": report.ratios(), "tracking_uri": mlflow.get_tracking_uri(),
+    }
+
+
+def drift_reference_of(model_name: str, alias: str = registry.CHAMPION_ALIAS) -> Path:
+    """The drift reference saved by the evaluation that produced the alias holder."""
+    holder = registry.champion(model_name, alias)
+    if holder is None:
+        raise LookupError(f"no model version of {model_name!r} holds alias {alias!r} yet")
+    return Path(mlflow.artifacts.download_artifacts(run_id=holder.run_id, artifact_path=DRIFT_REFERENCE_ARTIFACT))

@@ -1,0 +1,93 @@
+"""Start, stop and inspect the project's local services, all on 127.0.0.1 and stopped by PID.
+
+    ./run services start labelstudio|triton|mlflow|prefect [...]
+    ./run services stop [name ...]          # no name: every service
+    ./run services status
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from components.services.process import LOOPBACK, ManagedService, ServiceError
+
+SERVICES = ("labelstudio", "triton", "mlflow", "prefect")
+PORTS = {"labelstudio": 8089, "triton": 8000, "mlflow": 5000, "prefect": 4200}
+
+
+def _service(name: str) -> ManagedService:
+    if name == "labelstudio":
+        from components.services.labelstudio import label_studio_service
+
+        return label_studio_service(PORTS[name])
+    if name == "triton":
+        from deploy.triton.server import DEFAULT_SERVICE_NAME
+
+        return ManagedService(DEFAULT_SERVICE_NAME, command=[], health=lambda: False)
+    if name == "mlflow":
+        from components.services.tracking import mlflow_service
+
+        return mlflow_service(PORTS[name])
+    from components.services.tracking import prefect_service
+
+    return prefect_service(PORTS[name])
+
+
+def start(name: str) -> str:
+    if name == "labelstudio":
+        from components.services.labelstudio import start_label_studio
+
+        connection = start_label_studio(PORTS[name])
+        return f"Label Studio {connection.url} (API token and login in var/services/labelstudio/credentials.json)"
+    if name == "triton":
+        from components.registry.mlflow_registry import default_tracking_uri
+        from deploy.triton.server import TritonPorts, start_triton
+
+        server = start_triton(ports=TritonPorts(8000, 8001, 8002), tracking_uri=default_tracking_uri())
+        return f"Triton http {server.http_url} grpc {server.grpc_url} metrics {server.metrics_url} (models:/docmarkup@champion)"
+    _service(name).start()
+    return f"{name} http://{LOOPBACK}:{PORTS[name]}"
+
+
+def stop(name: str) -> bool:
+    if name == "triton":
+        from deploy.triton.server import DEFAULT_SERVICE_NAME, TRITON_VAR, TritonPorts, triton_server
+
+        repository = TRITON_VAR / DEFAULT_SERVICE_NAME / "model_repository"
+        if not repository.is_dir():
+            return False
+        return triton_server(repository, ports=TritonPorts(8000, 8001, 8002)).stop()
+    if name == "labelstudio":
+        from components.services.labelstudio import stop_label_studio
+
+        return stop_label_studio()
+    return _service(name).stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["start", "stop", "status"])
+    parser.add_argument("names", nargs="*", choices=[[], *SERVICES], default=[])
+    args = parser.parse_args(argv)
+    names = args.names or (list(SERVICES) if args.action != "start" else [])
+    if args.action == "start" and not names:
+        parser.error(f"name the services to start: {', '.join(SERVICES)}")
+    status = 0
+    for name in names:
+        try:
+            if args.action == "start":
+                print(start(name))
+            elif args.action == "stop":
+                print(f"{name}: {'stopped' if stop(name) else 'was not running'}")
+            else:
+                pid = _service(name).pid()
+                print(f"{name}: {'running, pid ' + str(pid) if pid else 'not running'}")
+        except ServiceError as exc:
+            print(f"{name}: {exc}", file=sys.stderr)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""The weighted objective mix as one ``nn.Module``, the thing DeepSpeed wraps.
+
+One set of weights serves every decoder, so one step trains them together: the clean causal
+pass carries the AR loss and is the context of a DARL window stream, a MinerU bidirectional
+noisy stream and a PA-BDM causal noisy stream, all in a single forward (see
+:mod:`components.training.streams`). The DARL fine-tune adds one forward before it: the
+rollout over ``[.. c, <INIT> x w]`` whose logits give OMTG its candidates and DTPO its
+log-probs; the main forward then carries the K candidate windows (candidate 0 gets the DAR
+loss, all K give the look-ahead reward).
+
+Loss = sum over objectives of weight_k * mean_b(sample_weight_b * loss_k,b).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from components.training import objectives as obj
+from components.training.config import TrainConfig
+from components.training.darl import darl_rewards, dtpo_loss, group_advantages, sample_candidates
+from components.training.data import Batch
+from components.training.streams import Layout, Stream, block_stream, compose, window_stream
+from models.interface import PagePrefix
+
+
+class ObjectiveMix(nn.Module):
+    """``forward(batch, generator) -> (loss, metrics)``; ``.model`` is the page-to-markup model."""
+
+    def __init__(self, model: nn.Module, config: TrainConfig):
+        super().__init__()
+        self.model = model
+        self.weights = config.active_objectives
+        self.dar_config, self.darl_config = config.dar, config.darl
+        self.block_length = config.block_diffusion.block_length
+        self.pabdm_block_length, self.tau = config.pabdm.block_length, config.pabdm.tau
+        cfg = model.config
+        self.ids = {name: getattr(cfg, f"{name}_token_id") for name in ("bos", "eos", "pad", "init", "mask")}
+        if any(v is None for v in self.ids.values()):
+            raise ValueError(f"model config lacks special token ids: {self.ids}")
+        self.vocab_size = cfg.text_config.vocab_size
+        self.content_low = max(self.ids.values()) + 1  # specials come first in our tokenizers
+        banned = torch.zeros(self.vocab_size, dtype=torch.bool)
+        banned[[self.ids[n] for n in ("bos", "pad", "init", "mask")]] = True
+        self.register_buffer("banned", banned, persistent=False)
+
+    # ----- helpers ------------------------------------------------------------------------
+    def _logits(self, layout: Layout, prefix: PagePrefix) -> torch.Tensor:
+        out = self.model(
+            input_ids=layout.input_ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids, prefix=prefix
+        )
+        return out["logits"]
+
+    def _ban(self, logits: torch.Tensor) -> torch.Tensor:
+        """Decoders never emit bos/pad/INIT/MASK; sampling and rewards follow them."""
+        return logits.float().masked_fill(self.banned, float("-inf"))
+
+    def _rollout_slot_logits(self, batch: Batch, prefix: PagePrefix, plan: obj.WindowPlan) -> torch.Tensor:
+        """Logits predicting each window slot from ``[.. c, <INIT> x w]`` (B, w, V)."""
+        inits = torch.full((batch.tokens.shape[0], plan.window), self.ids["init"], device=batch.tokens.device)
+        layout = compose(batch.tokens, [window_stream("rollout", inits, plan.offsets)], prefix.embeds.shape[1])
+        logits = self._logits(layout, prefix)
+        return obj.slot_logits(layout.clean_logits(logits), layout.stream_logits(logits, "rollout"), plan)
+
+    def _drafts(
+        self, batch: Batch, prefix: PagePrefix, plan: obj.WindowPlan, slot_truth: torch.Tensor, generator: torch.Generator
+    ) -> torch.Tensor:
+        mode = self.dar_config.draft
+        if mode == "gt":
+            return slot_truth.clamp_min(0)
+        if mode == "corrupt":
+            return obj.corrupt_drafts(slot_truth, self.dar_config.corrupt_prob, self.content_low, self.vocab_size, generator)
+        with torch.no_grad():
+            detached = PagePrefix(embeds=prefix.embeds.detach())
+            return self._ban(self._rollout_slot_logits(batch, detached, plan)).argmax(dim=-1)
+
+    # ----- the step -----------------------------------------------------------------------
+    def forward(self, batch: Batch, generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        tokens, lengths = batch.tokens, batch.lengths
+        prefix = self.model.encode_images(batch.pixel_values)
+        n_prefix = prefix.embeds.shape[1]
+        streams: list[Stream] = []
+        terms: dict[str, torch.Tensor] = {}
+        metrics: dict[str, torch.Tensor] = {}
+
+        plan = truth = slot_truth = None
+        if "dar" in self.weights or "darl" in self.weights:
+            window = self.dar_config.window
+            plan = obj.sample_window_plan(lengths, window, generator)
+            truth = obj.extended_targets(tokens, lengths, batch.ends_with_eos, self.ids["eos"], tokens.shape[1] + window + 2)
+            slot_truth = obj.gather_rows(truth, plan.slot_index())
+        if "dar" in self.weights:
+            drafts = self._drafts(batch, prefix, plan, slot_truth, generator)
+            streams.append(window_stream("dar", obj.window_inputs(plan, drafts, self.ids["init"]), plan.offsets))
+        if "darl" in self.weights:
+            cfg = self.darl_config
+            rollout = self._ban(self._rollout_slot_logits(batch, prefix, plan))  # with grad: DTPO's policy
+            candidates = sample_candidates(
+                rollout, plan.n_pickup, cfg.candidates, cfg.temperature, self.ids["init"], cfg.max_retries, generator
+            )
+            safe = torch.where(plan.pickup_mask()[:, None, :], candidates, rollout.argmax(dim=-1)[:, None, :])
+            log_probs = rollout.log_softmax(dim=-1)
+            token_logp = log_probs[:, None].expand(-1, cfg.candidates, -1, -1).gather(-1, safe[..., None]).squeeze(-1)
+            for k in range(cfg.candidates):
+                streams.append(window_stream(f"candidate{k}", candidates[:, k], plan.offsets))
+        if "block_diffusion" in self.weights:
+            truth_b = obj.block_truth(tokens, lengths, batch.ends_with_eos, self.ids["eos"], self.block_length)
+            mineru = obj.mineru_noisy_block(truth_b, self.block_length, self.ids["mask"], generator)
+            streams.append(block_stream("mineru", mineru.input_ids, self.block_length, "bidirectional"))
+        if "pabdm_csl" in self.weights:
+            truth_p = obj.block_truth(tokens, lengths, batch.ends_with_eos, self.ids["eos"], self.pabdm_block_length)
+            pabdm = obj.pabdm_noisy_block(truth_p, self.pabdm_block_length, self.ids["mask"], generator)
+            streams.append(block_stream("pabdm", pabdm.input_ids, self.pabdm_block_length, "causal"))
+
+        layout = compose(tokens, streams, n_prefix)
+        logits = self._logits(layout, prefix)
+        clean = layout.clean_logits(logits)
+
+        if "ar" in self.weights:
+            terms["ar"] = obj.ar_loss(clean, tokens, lengths)
+        if "dar" in self.weights:
+            terms["dar"] = obj.dar_loss(clean, layout.stream_logits(logits, "dar"), truth, plan)
+        if "darl" in self.weights:
+            cfg = self.darl_config
+            dar = obj.dar_loss(clean, layout.stream_logits(logits, "candidate0"), truth, plan)
+            with torch.no_grad():
+                rerun = torch.stack(
+                    [self._ban(obj.slot_logits(clean, layout.stream_logits(logits, f"candidate{k}"), plan)).argmax(-1)
+                     for k in range(cfg.candidates)],
+                    dim=1,
+                )
+                r1, r2 = darl_rewards(candidates, rerun, slot_truth, plan.n_pickup)
+                advantages = group_advantages(r1 + r2, cfg.advantage_eps)
+            dtpo = dtpo_loss(token_logp, advantages, plan.n_pickup)
+            terms["darl"] = dar + cfg.dtpo_coef * dtpo
+            has_pickup = (plan.n_pickup > 0).float()
+            n_with = has_pickup.sum().clamp_min(1)
+            metrics["darl_dar"] = dar.detach().mean()
+            metrics["darl_dtpo"] = dtpo.detach().mean()
+            metrics["reward_r1"] = (r1.mean(dim=1) * has_pickup).sum() / n_with
+            metrics["reward_r2"] = (r2.mean(dim=1) * has_pickup).sum() / n_with
+            metrics["reward_greedy"] = ((r1[:, 0] + r2[:, 0]) * has_pickup).sum() / n_with
+        if "block_diffusion" in self.weights:
+            terms["block_diffusion"] = obj.masked_diffusion_loss(layout.stream_logits(logits, "mineru"), mineru)
+        if "pabdm_csl" in self.weights:
+            loss, kept = obj.pabdm_csl_loss(layout.stream_logits(logits, "pabdm"), pabdm, self.tau)
+            terms["pabdm_csl"] = loss
+            metrics["csl_kept"] = kept.mean()
+
+        weights = batch.weights.float()
+        total = sum(self.weights[name] * (weights * term).mean() for name, term in terms.items())
+        for name, term in terms.items():
+            metrics[f"loss_{name}"] = term.detach().mean()
+        metrics["sample_weight"] = batch.weights.float().mean()
+        return total, metrics

@@ -1,0 +1,36 @@
+"""What every flow module shares: config loading and the task defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect.cache_policies import NONE
+
+from components.pipeline import PipelineConfig, load_pipeline_config
+
+DEFAULT_CONFIG = "configs/pipeline/default.yaml"
+DEMO_CONFIG = "configs/pipeline/demo.yaml"
+
+# Results are small dicts and live in memory only; nothing is cached between runs, because
+# every step is idempotent on its own (journals, DVC, Label Studio page ids) instead.
+TASK_DEFAULTS: dict[str, Any] = {"cache_policy": NONE, "persist_result": False}
+# Steps that talk to a service (Label Studio, Triton, MLflow server) retry transient failures.
+SERVICE_TASK: dict[str, Any] = {**TASK_DEFAULTS, "retries": 3, "retry_delay_seconds": [5, 15, 30]}
+
+
+def resolve(config: str | PipelineConfig, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    return config if isinstance(config, PipelineConfig) else load_pipeline_config(config, overrides)
+
+
+def task_runner_for(cfg: PipelineConfig):
+    """Threads in the flow process by default; a Dask cluster (local or remote) to scale out."""
+    if cfg.execution.task_runner == "dask":
+        from prefect_dask import DaskTaskRunner
+
+        if cfg.execution.dask_address:
+            return DaskTaskRunner(address=cfg.execution.dask_address)
+        return DaskTaskRunner(cluster_kwargs={"n_workers": cfg.execution.workers, "threads_per_worker": 1,
+                                              "processes": True, "dashboard_address": None})
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    return ThreadPoolTaskRunner(max_workers=cfg.execution.workers)

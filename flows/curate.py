@@ -1,0 +1,48 @@
+"""Prefect flow: ingest pages, pre-annotate (sharded), queue for annotators, import corrections, split, version."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger, task, unmapped
+
+from components.curation import workflow
+from components.data.pages import PageDataset
+from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve, task_runner_for
+
+ingest = task(workflow.ingest_pages, name="ingest-pages", **TASK_DEFAULTS)
+preannotate_shard = task(workflow.preannotate_shard, name="pre-annotate-shard", **TASK_DEFAULTS)
+merge = task(workflow.merge_preannotations, name="merge-pre-annotations", **TASK_DEFAULTS)
+queue = task(workflow.queue_for_annotation, name="queue-label-studio", **SERVICE_TASK)
+corrections = task(workflow.import_corrections, name="import-corrections", **SERVICE_TASK)
+split = task(workflow.split_pages, name="split", **TASK_DEFAULTS)
+version = task(workflow.version_data, name="dvc-version", **TASK_DEFAULTS)
+
+
+@flow(name="curate", log_prints=True)
+def curate_flow(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None) -> dict:
+    cfg = resolve(config, overrides)
+    logger = get_run_logger()
+    summary: dict[str, Any] = {"ingest": ingest(cfg)}
+    shards = preannotate_shard.map(unmapped(cfg), range(cfg.curation.preannotation.shards))  # parallel
+    summary["preannotation"] = shards.result()
+    predictions, annotator_version = merge(cfg)
+    if cfg.curation.label_studio.enabled:
+        summary["corrections"] = corrections(cfg)
+        summary["queue"] = queue(cfg, PageDataset(cfg.pages_dir), predictions, annotator_version)
+    summary["splits"] = split(cfg)
+    summary["data_version"] = version(cfg, "curate: pages, pre-annotations, corrections, splits").to_json()
+    logger.info("curation done: %s", summary)
+    return summary
+
+
+def curate(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None) -> dict:
+    """Run the flow on the task runner its config asks for (threads, or Dask to scale out)."""
+    cfg = resolve(config, overrides)
+    return curate_flow.with_options(task_runner=task_runner_for(cfg))(config, overrides)
+
+
+if __name__ == "__main__":
+    import sys
+
+    curate(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CONFIG)

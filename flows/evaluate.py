@@ -1,0 +1,34 @@
+"""Prefect flow: score every decoder on the held-out split, log to MLflow, register, gate `champion`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+
+from components.curation.workflow import current_data_version
+from components.evaluation.workflow import evaluate_and_register
+from flows._common import DEFAULT_CONFIG, TASK_DEFAULTS, resolve
+
+evaluate_task = task(evaluate_and_register, name="evaluate-register-gate", **TASK_DEFAULTS)
+
+
+@flow(name="evaluate", log_prints=True)
+def evaluate(model_dir: str, config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None,
+             training: dict | None = None) -> dict:
+    cfg = resolve(config, overrides)
+    data_version = current_data_version(cfg)
+    result = evaluate_task(cfg, Path(model_dir), data_version=data_version.to_json() if data_version else None,
+                           training=training)
+    logger = get_run_logger()
+    logger.info("\n%s", result["table"])
+    verdict = "promoted to champion" if result["promoted"] else f"NOT promoted: {result['gate_failures']}"
+    logger.info("%s version %s %s", result["model_name"], result["version"], verdict)
+    return result
+
+
+if __name__ == "__main__":
+    import sys
+
+    evaluate(sys.argv[1], *(sys.argv[2:3] or [DEFAULT_CONFIG]))

@@ -1,0 +1,29 @@
+"""Prefect flow: drift check of served pages, and low-confidence pages back to Label Studio."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+
+from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve
+from monitoring.request_log import RequestLog
+from monitoring.workflow import check_production_drift, send_low_confidence_to_annotators
+
+drift = task(check_production_drift, name="drift-check", **TASK_DEFAULTS)
+feedback = task(send_low_confidence_to_annotators, name="feedback-to-label-studio", **SERVICE_TASK)
+
+
+@flow(name="monitor", log_prints=True)
+def monitor(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None, since: float | None = None) -> dict:
+    cfg = resolve(config, overrides)
+    log = RequestLog()
+    result = {"drift": drift(cfg, log, since), "feedback": feedback(cfg, log, since)}
+    get_run_logger().info("monitoring: %s", result)
+    return result
+
+
+if __name__ == "__main__":
+    import sys
+
+    monitor(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CONFIG)

@@ -1,0 +1,106 @@
+"""Prefect flow chaining the whole life cycle: curate → train → evaluate → deploy → monitor.
+
+    ./run demo                                  # the chain on a tiny synthetic set, embedded defaults
+    python -m flows.retrain --config configs/pipeline/default.yaml
+    python -m flows.deployments                 # the same on a cron schedule
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+
+from deploy.workflow import ensure_serving, replay_pages
+from flows._common import DEFAULT_CONFIG, DEMO_CONFIG, SERVICE_TASK, resolve
+from flows.curate import curate
+from flows.deploy import deploy
+from flows.evaluate import evaluate
+from flows.monitor import monitor
+from flows.train import train
+
+replay = task(replay_pages, name="replay-traffic", **SERVICE_TASK)
+
+
+@flow(name="retrain", log_prints=True)
+def retrain(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None, replay_traffic: bool = False) -> dict:
+    """Curate, train every stage, evaluate and gate, deploy the champion, then monitor it."""
+    cfg = resolve(config, overrides)
+    started = time.time()
+    summary: dict[str, Any] = {"curate": curate(config, overrides)}
+    summary["train"] = train(config, overrides)
+    summary["evaluate"] = evaluate(summary["train"]["model_dir"], config, overrides,
+                                   training={"model_dir": summary["train"]["model_dir"]})
+    if cfg.deploy.enabled and (summary["evaluate"]["promoted"] or _has_champion(cfg)):
+        summary["deploy"] = deploy(config, overrides)
+        if replay_traffic:
+            summary["replayed_pages"] = replay(cfg, ensure_serving(cfg))
+        summary["monitor"] = monitor(config, overrides, since=started if replay_traffic else None)
+    summary["seconds"] = round(time.time() - started, 1)
+    get_run_logger().info("retrain finished in %.0fs", summary["seconds"])
+    return summary
+
+
+def _has_champion(cfg) -> bool:
+    from components.registry.mlflow_registry import champion, configure
+
+    configure(experiment=f"{cfg.name}-evaluation")
+    return champion(cfg.evaluation.model_name) is not None
+
+
+def where_things_are(summary: dict) -> str:
+    """The closing message: where each result lives and how to look at it."""
+    from components.registry.mlflow_registry import default_tracking_uri
+
+    evaluation = summary["evaluate"]
+    lines = [
+        "",
+        "=" * 78,
+        f"docmarkup life cycle finished in {summary['seconds']:.0f}s",
+        "",
+        evaluation["table"],
+        "",
+        f"MLflow      {default_tracking_uri()}  run {evaluation['run_id']}",
+        f"            model {evaluation['model_name']} v{evaluation['version']}: "
+        + ("alias 'champion'" if evaluation["promoted"] else f"not promoted ({'; '.join(evaluation['gate_failures'])})"),
+        "            browse: ./run services start mlflow  ->  http://127.0.0.1:5000",
+        f"Data (DVC)  data.dvc md5 {summary['train']['data_version']['md5'] if summary['train'].get('data_version') else '-'}",
+    ]
+    queue = summary["curate"].get("queue") or {}
+    if queue.get("url"):
+        lines.append(f"Label Studio {queue['url']}  (project {queue.get('project_id')}, "
+                     f"{queue.get('queued', 0)} new tasks; credentials in var/services/labelstudio/credentials.json)")
+    deployed = summary.get("deploy") or {}
+    if deployed.get("deployed"):
+        lines.append(f"Triton      http {deployed['http']}  grpc {deployed['grpc']}  metrics {deployed['metrics']}")
+        lines.append(f"            smoke test: {deployed['stream_equals_unary']}/{deployed['pages']} pages streamed == unary, "
+                     f"{deployed['mean_latency_s'] * 1000:.0f} ms mean latency (SDB)")
+    monitor_result = summary.get("monitor") or {}
+    if monitor_result:
+        drift = monitor_result["drift"]
+        lines.append(f"Monitoring  drift: {'DRIFT' if drift.get('drifted') else 'none'}"
+                     + ("" if drift.get("checked") else f" (not checked: {drift.get('reason')})")
+                     + f"; {monitor_result['feedback'].get('queued', 0)} low-confidence pages sent to Label Studio")
+    lines += ["Stop services: ./run services stop", "=" * 78]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=None, help=f"pipeline YAML (default {DEFAULT_CONFIG}; --demo: {DEMO_CONFIG})")
+    parser.add_argument("--demo", action="store_true", help="tiny synthetic run on embedded defaults, replaying traffic")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    config = args.config or (DEMO_CONFIG if args.demo else DEFAULT_CONFIG)
+    overrides = {key: json.loads(value) if value[:1] in "[{0123456789-tfn" else value
+                 for key, value in (item.split("=", 1) for item in args.overrides)}
+    summary = retrain(config, overrides or None, replay_traffic=args.demo)
+    print(where_things_are(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""Prefect flow: Stage 1 → consistency mining → Stage 2 (hard examples) → DARL fine-tune, on DeepSpeed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+
+from components.curation import workflow as curation
+from components.data.pages import PageDataset
+from components.training.stages import run_stage
+from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve
+
+stage_task = task(run_stage, name="train-stage", **TASK_DEFAULTS)
+mine = task(curation.mine_hard_examples, name="mine-hard-examples", **TASK_DEFAULTS)
+queue = task(curation.queue_for_annotation, name="queue-hard-examples", **SERVICE_TASK)
+version = task(curation.version_data, name="dvc-version", **TASK_DEFAULTS)
+
+
+@flow(name="train", log_prints=True)
+def train(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None) -> dict:
+    """Every configured stage in order; each stage resumes from its own last checkpoint."""
+    cfg = resolve(config, overrides)
+    logger = get_run_logger()
+    train_dir = cfg.split_dir("train")
+    if not PageDataset(train_dir).exists():
+        raise FileNotFoundError(f"no training split at {train_dir}; run the curate flow first")
+    data_version = curation.current_data_version(cfg)
+    summary: dict[str, Any] = {"data_version": data_version.to_json() if data_version else None}
+    md5 = data_version.md5 if data_version else None
+
+    result = stage_task(cfg, "stage1", dataset_dir=train_dir, data_version=md5)
+    summary["stage1"] = result.summary
+    model_dir = result.model_dir
+
+    if "stage2" in cfg.training.stages:
+        summary["mining"], hard_predictions = mine(cfg, model_dir, model_version=f"stage1:{model_dir}")
+        if cfg.curation.label_studio.enabled and hard_predictions:
+            summary["hard_queue"] = queue(cfg, PageDataset(cfg.hard_dir), hard_predictions, "stage1-consistency")
+        data_version = version(cfg, "train: consistency scores and hard examples")
+        summary["data_version"] = data_version.to_json()
+        hard_dir = cfg.hard_dir if PageDataset(cfg.hard_dir).exists() and PageDataset(cfg.hard_dir).pages() else None
+        result = stage_task(cfg, "stage2", dataset_dir=train_dir, init_from=model_dir, hard_dir=hard_dir,
+                            data_version=data_version.md5)
+        summary["stage2"] = result.summary
+        model_dir = result.model_dir
+
+    if "darl" in cfg.training.stages:
+        result = stage_task(cfg, "darl", dataset_dir=train_dir, init_from=model_dir, data_version=data_version and data_version.md5)
+        summary["darl"] = result.summary
+        model_dir = result.model_dir
+
+    summary["model_dir"] = str(model_dir)
+    logger.info("training done: model %s", model_dir)
+    return summary
+
+
+if __name__ == "__main__":
+    import sys
+
+    train(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CONFIG)

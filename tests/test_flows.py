@@ -1,0 +1,82 @@
+"""The Prefect flows on a temporary Prefect API: curation end to end, the schedule, config checks."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import yaml
+
+from components.data.pages import PageDataset
+from components.pipeline import PipelineConfigError, load_pipeline_config
+
+
+@pytest.fixture(scope="module")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield
+
+
+def _pipeline_yaml(tmp_path, **sections) -> str:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    config = {
+        "name": "flowtest",
+        "repo_root": str(repo),
+        "ingest": {"synthetic_pages": 12, "synthetic_seed": 500},
+        "curation": {"preannotation": {"backend": "rapidocr", "max_pages": 2, "shards": 2},
+                     "label_studio": {"enabled": False}},
+        "training": {"stages": {"stage1": {"config": "configs/train/stage1.yaml"}}},
+        **sections,
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def test_pipeline_config_rejects_unknown_keys_and_stages(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"training": {"stages": {"stage1": {"config": "x"}, "stage9": {"config": "y"}}}}))
+    with pytest.raises(PipelineConfigError, match="unknown training stage"):
+        load_pipeline_config(path)
+    path.write_text(yaml.safe_dump({"training": {"stages": {"stage1": {"config": "x"}}}, "evalution": {}}))
+    with pytest.raises(PipelineConfigError, match="evalution"):
+        load_pipeline_config(path)
+    with pytest.raises(PipelineConfigError, match="does not exist"):
+        load_pipeline_config(tmp_path / "missing.yaml")
+
+
+@pytest.mark.slow
+def test_curate_flow_ingests_preannotates_splits_and_versions(prefect_api, tmp_path):
+    from flows.curate import curate
+
+    config = _pipeline_yaml(tmp_path)
+    summary = curate(config)
+    cfg = load_pipeline_config(config)
+    assert summary["ingest"]["synthetic_added"] == 12
+    assert sum(s["annotated"] for s in summary["preannotation"]) == 2  # two shards, two pages in all
+    annotated = [p for p in PageDataset(cfg.pages_dir).pages() if "preannotation" in p.meta]
+    assert len(annotated) == 2 and all(0.0 <= p.meta["preannotation"]["confidence"] <= 1.0 for p in annotated)
+    assert sum(summary["splits"].values()) == 12
+    assert (cfg.repository / "data.dvc").exists() and summary["data_version"]["files"] > 12
+
+    again = curate(config)  # idempotent: nothing new, same data version
+    assert again["ingest"]["synthetic_added"] == 0
+    assert sum(s["annotated"] for s in again["preannotation"]) == 0
+    assert again["data_version"]["md5"] == summary["data_version"]["md5"]
+
+
+def test_retrain_deployment_carries_its_cron_schedule(prefect_api):
+    from prefect.client.orchestration import get_client
+
+    from flows.deployments import DEPLOYMENT_NAME, retrain_deployment
+
+    deployment_id = retrain_deployment(cron="15 4 * * 2").apply()
+    with get_client(sync_client=True) as client:
+        stored = client.read_deployment(deployment_id)
+    assert stored.name == DEPLOYMENT_NAME
+    assert [s.schedule.cron for s in stored.schedules] == ["15 4 * * 2"]
+    assert stored.parameters["replay_traffic"] is False

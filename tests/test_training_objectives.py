@@ -1,0 +1,331 @@
+"""Training objectives: hand-checked small cases, and the multi-stream layout against plain forwards."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from components.decoding import masks
+from components.training import objectives as obj
+from components.training.darl import (
+    darl_rewards,
+    dtpo_loss,
+    group_advantages,
+    lcp_fraction,
+    lcp_length,
+    sample_candidates,
+)
+from components.training.streams import block_stream, compose, window_stream
+
+IGNORE = obj.IGNORE
+
+
+# ----- DARL rewards, advantages, DTPO --------------------------------------------------------
+def test_lcp_counts_only_the_correct_prefix():
+    truth = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8])
+    draft = torch.tensor([1, 2, 3, 4, 5, 6, 0, 8])  # wrong at 7: the 8 after it does not count
+    valid = torch.ones(8, dtype=torch.bool)
+    assert lcp_length(draft, truth, valid).item() == 6
+    assert lcp_fraction(draft, truth, valid).item() == pytest.approx(6 / 8)
+    assert lcp_fraction(torch.tensor([9, 2]), torch.tensor([1, 2]), torch.ones(2, dtype=torch.bool)).item() == 0.0
+    assert lcp_fraction(draft, truth, torch.zeros(8, dtype=torch.bool)).item() == 0.0
+
+
+def test_reward_example_six_eighths_plus_four_eighths():
+    """l_p = 8 candidates with 6 right, then the rerun gets 4 of the l_n = 8 INIT slots right: R = 1.25."""
+    slot_truth = torch.arange(10, 26)[None, :]  # w = 16 slots
+    candidate = slot_truth.clone()
+    candidate[0, 6] = 99  # pickup part: first 6 right
+    candidate[0, 8:] = 0  # slots past l_p are not part of the candidate
+    rerun = slot_truth.clone()
+    rerun[0, 8 + 4] = 99  # INIT part: first 4 predictions right
+    r1, r2 = darl_rewards(candidate[:, None], rerun[:, None], slot_truth, torch.tensor([8]))
+    assert r1.item() == pytest.approx(6 / 8)
+    assert r2.item() == pytest.approx(4 / 8)
+    assert (r1 + r2).item() == pytest.approx(1.25)
+
+
+def test_r2_is_normalised_by_the_number_of_init_slots():
+    slot_truth = torch.arange(1, 9)[None, :]  # w = 8
+    rerun = slot_truth.clone()
+    rerun[0, 5] = 0  # l_p = 3: INIT slots are 3..7, LCP there = 2 of 5
+    candidate = slot_truth.clone()
+    _, r2 = darl_rewards(candidate[:, None], rerun[:, None], slot_truth, torch.tensor([3]))
+    assert r2.item() == pytest.approx(2 / 5)
+
+
+def test_group_advantages_are_standardised_per_sample():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
+    adv = group_advantages(rewards, eps=1e-4)
+    std = math.sqrt(1 / 3)  # unbiased std of {1, 0, 0, 1}
+    a = 0.5 / (std + 1e-4)
+    assert adv[0].tolist() == pytest.approx([a, -a, -a, a])
+    assert adv[1].abs().max().item() == 0.0  # identical rewards: no preference
+
+
+def test_dtpo_gradient_is_minus_advantage_over_tokens_and_candidates():
+    logp = torch.log(torch.tensor([[[0.5, 0.25, 0.9], [0.1, 0.2, 0.9]]])).requires_grad_(True)  # B=1, K=2, w=3
+    advantages = torch.tensor([[1.0, -1.0]])
+    loss = dtpo_loss(logp, advantages, n_pickup=torch.tensor([2]))  # slot 2 is an INIT slot: ignored
+    assert loss.item() == pytest.approx(0.0)  # ratio is 1 in value; advantages sum to 0
+    loss.sum().backward()
+    expected = torch.tensor([[[-1 / (2 * 2), -1 / (2 * 2), 0.0], [1 / (2 * 2), 1 / (2 * 2), 0.0]]])
+    assert torch.allclose(logp.grad, expected)
+
+
+def test_dtpo_without_pickup_is_zero_but_keeps_the_graph():
+    logp = torch.zeros(1, 4, 3, requires_grad=True)
+    loss = dtpo_loss(logp, torch.randn(1, 4), n_pickup=torch.tensor([0]))
+    loss.sum().backward()
+    assert loss.item() == 0.0 and logp.grad is not None and logp.grad.abs().sum() == 0
+
+
+def test_candidates_greedy_first_then_distinct_samples():
+    logits = torch.full((1, 4, 6), -5.0)
+    logits[0, torch.arange(4), torch.tensor([1, 2, 3, 4])] = 5.0
+    logits[0, :, 5] = 4.5  # a strong second choice makes distinct samples easy
+    generator = torch.Generator().manual_seed(0)
+    cands = sample_candidates(logits, torch.tensor([3]), 4, 1.2, fill_id=0, max_retries=50, generator=generator)
+    assert cands.shape == (1, 4, 4)
+    assert cands[0, 0].tolist() == [1, 2, 3, 0]  # greedy on the 3 pickup slots, fill after
+    assert (cands[0, :, 3] == 0).all()
+    assert len({tuple(c[:3].tolist()) for c in cands[0]}) == 4
+
+
+def test_candidates_accept_duplicates_when_retries_run_out():
+    logits = torch.tensor([[[0.0, 50.0]]])  # only one plausible token: distinct candidates impossible
+    cands = sample_candidates(logits, torch.tensor([1]), 4, 1.2, fill_id=0, max_retries=3,
+                              generator=torch.Generator().manual_seed(0))
+    assert cands[0, :, 0].tolist() == [1, 1, 1, 1]
+
+
+# ----- AR / DAR -------------------------------------------------------------------------------
+def test_ar_loss_uniform_logits_is_log_vocab_and_ignores_padding():
+    tokens = torch.tensor([[1, 5, 6, 2, 0, 0], [1, 7, 2, 0, 0, 0]])
+    lengths = torch.tensor([4, 3])
+    logits = torch.zeros(2, 6, 10)
+    assert obj.ar_loss(logits, tokens, lengths).tolist() == pytest.approx([math.log(10)] * 2)
+    logits[0, 0, 5] = logits[0, 1, 6] = logits[0, 2, 2] = 100.0  # perfect on the 3 real targets of row 0
+    logits[0, 3:, :] = torch.randn(3, 10) * 10  # outputs past <eos> must not matter
+    assert obj.ar_loss(logits, tokens, lengths)[0].item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_extended_targets_pad_finished_with_eos_and_truncated_with_ignore():
+    tokens = torch.tensor([[1, 5, 2, 0], [1, 5, 6, 7]])
+    out = obj.extended_targets(tokens, torch.tensor([3, 4]), torch.tensor([True, False]), eos_id=2, total=6)
+    assert out.tolist() == [[1, 5, 2, 2, 2, 2], [1, 5, 6, 7, IGNORE, IGNORE]]
+
+
+def test_window_plan_keeps_at_least_one_init_and_offsets_before_eos():
+    lengths = torch.tensor([5, 40, 2])
+    for seed in range(20):
+        plan = obj.sample_window_plan(lengths, 16, torch.Generator().manual_seed(seed))
+        assert ((plan.n_new >= 1) & (plan.n_new <= 16)).all()
+        assert (plan.offsets <= lengths - 2).all() and (plan.offsets >= 0).all()
+
+
+def test_dar_loss_covers_sequence_start_through_window_only():
+    vocab, n_clean, width = 12, 8, 3
+    tokens = torch.tensor([[1, 3, 4, 5, 6, 7, 8, 2]])
+    truth = obj.extended_targets(tokens, torch.tensor([8]), torch.tensor([True]), 2, n_clean + width + 2)
+    plan = obj.WindowPlan(offsets=torch.tensor([2]), n_pickup=torch.tensor([1]), window=width)
+    clean = torch.zeros(1, n_clean, vocab)
+    window = torch.zeros(1, width, vocab)
+    for i in range(3):  # clean outputs 0..c=2 predict tokens 1..3
+        clean[0, i, truth[0, i + 1]] = 50.0
+    for j in range(width):  # slot j (token c+1+j) predicts token c+2+j
+        window[0, j, truth[0, 2 + 2 + j]] = 50.0
+    perfect = obj.dar_loss(clean, window, truth, plan).item()
+    assert perfect == pytest.approx(0.0, abs=1e-6)
+    clean[0, 5] = torch.randn(vocab) * 20  # a clean output after c: not part of the DAR loss
+    assert obj.dar_loss(clean, window, truth, plan).item() == pytest.approx(perfect, abs=1e-6)
+    window[0, 2] = 0.0  # the last window output is: loss = log(V) / (3 + 3) positions
+    assert obj.dar_loss(clean, window, truth, plan).item() == pytest.approx(math.log(vocab) / 6, rel=1e-4)
+
+
+def test_window_inputs_and_slot_logits_follow_the_ar_shift():
+    plan = obj.WindowPlan(offsets=torch.tensor([1, 3]), n_pickup=torch.tensor([2, 0]), window=3)
+    drafts = torch.tensor([[7, 8, 9], [7, 8, 9]])
+    assert obj.window_inputs(plan, drafts, init_id=4).tolist() == [[7, 8, 4], [4, 4, 4]]
+    clean = torch.arange(2 * 5).float().reshape(2, 5, 1)
+    window = 100 + torch.arange(2 * 3).float().reshape(2, 3, 1)
+    slots = obj.slot_logits(clean, window, plan)[..., 0]
+    assert slots.tolist() == [[1.0, 100.0, 101.0], [8.0, 103.0, 104.0]]
+
+
+# ----- block diffusion / CSL -------------------------------------------------------------------
+def _truth(lengths: list[int], width: int, block: int, finished: bool = True) -> torch.Tensor:
+    tokens = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        tokens[row, :n] = torch.arange(10, 10 + n)
+        tokens[row, 0], tokens[row, n - 1] = 1, 2
+    return obj.block_truth(tokens, torch.tensor(lengths), torch.tensor([finished] * len(lengths)), 2, block)
+
+
+def test_block_truth_pads_eos_to_the_end_of_the_eos_block():
+    truth = _truth([5], width=9, block=4)  # n = 12; eos at 4 lies in block 1 (4..7)
+    assert truth[0].tolist() == [1, 11, 12, 13, 2, 2, 2, 2, 2, IGNORE, IGNORE, IGNORE, IGNORE]
+
+
+def test_mineru_never_masks_block_start_and_supervises_masked_targets_and_block_ends():
+    truth = _truth([30, 17], width=32, block=8)
+    blocks = obj.mineru_noisy_block(truth, 8, mask_id=5, generator=torch.Generator().manual_seed(0))
+    inputs, loss = blocks.input_ids, blocks.loss_mask
+    assert (inputs[:, ::8] != 5).all()
+    masked = inputs == 5
+    for b in range(2):
+        for j in range(32):
+            in_block_next = (j % 8 != 7) and masked[b, j + 1] and truth[b, j + 1] != IGNORE
+            block_end = j % 8 == 7 and truth[b, j + 1] != IGNORE
+            assert loss[b, j].item() == bool(in_block_next or block_end), (b, j)
+    assert (blocks.targets[loss] != IGNORE).all()
+    assert not loss[1, 24:].any()  # the second row ends in block 2: block 3 has no targets
+
+
+def test_pabdm_masks_a_right_suffix_and_supervises_from_the_cut():
+    truth = _truth([33], width=33, block=8)[:, : 33]  # exactly 4 blocks + next token
+    blocks = obj.pabdm_noisy_block(truth, 8, mask_id=5, generator=torch.Generator().manual_seed(3))
+    masked = (blocks.input_ids == 5).reshape(4, 8)
+    loss = blocks.loss_mask.reshape(4, 8)
+    for block in range(4):
+        cut = int((~masked[block]).sum())
+        assert 1 <= cut <= 7
+        assert masked[block].tolist() == [False] * cut + [True] * (8 - cut)
+        assert loss[block].tolist() == [False] * (cut - 1) + [True] * (9 - cut)
+
+
+def test_csl_gate_supervises_through_the_first_unconfident_target():
+    gold = torch.tensor([[0.95, 0.50, 0.99, 0.20, 0.99, 0.97, 0.96, 0.91]])
+    loss_mask = torch.tensor([[True, True, True, True, False, True, True, True]])
+    gate = obj.csl_gate(gold, loss_mask, block_length=4, tau=0.9)
+    assert gate.int().tolist() == [[1, 1, 0, 0, 0, 1, 1, 1]]
+
+
+def test_csl_loss_ignores_targets_after_the_gate():
+    blocks = obj.NoisyBlocks(
+        input_ids=torch.zeros(1, 4, dtype=torch.long), targets=torch.tensor([[1, 2, 3, 0]]),
+        loss_mask=torch.tensor([[True, True, True, True]]), block_length=4,
+    )
+    logits = torch.full((1, 4, 4), -20.0)
+    logits[0, 0, 1] = 20.0  # confident and right
+    logits[0, 1, :] = 0.0  # unconfident: supervised, closes the gate
+    logits[0, 2, 0] = 20.0  # confidently wrong, but after the gate
+    loss, kept = obj.pabdm_csl_loss(logits, blocks, tau=0.9)
+    assert kept.item() == pytest.approx(0.5)
+    assert loss.item() == pytest.approx(math.log(4) / 2, rel=1e-4)
+
+
+def test_consistency_weights():
+    weights = obj.consistency_weights(torch.tensor([0.2, 1.0, float("nan")]), beta=1.0)
+    assert weights.tolist() == pytest.approx([1.8, 1.0, 1.0])
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        obj.consistency_weights(torch.tensor([1.5]), beta=1.0)
+
+
+# ----- the multi-stream layout equals separate forwards -------------------------------------
+@pytest.fixture(scope="module")
+def tiny(tokenizer):
+    from models.loading import new_tiny_model
+
+    model = new_tiny_model(tokenizer, seed=0)
+    torch.manual_seed(1)
+    pixels = torch.randn(2, 1, *model.config.image_size)
+    with torch.no_grad():
+        prefix = model.encode_images(pixels)
+    return model, prefix
+
+
+def _plain_causal_logits(model, prefix, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids, prefix=prefix)["logits"]
+
+
+def test_block_stream_mask_is_the_decoders_two_stream_mask():
+    clean = torch.zeros(3, 16, dtype=torch.long)
+    for pattern in masks.PATTERNS:
+        layout = compose(clean, [block_stream("noisy", clean.clone(), 4, pattern)], n_prefix=5)
+        assert torch.equal(layout.attention_mask, masks.expand(masks.two_stream(5, 16, 4, pattern), 3))
+        assert layout.position_ids[0].tolist() == list(range(5 + 16)) + list(range(5, 5 + 16))
+
+
+def test_window_stream_logits_equal_a_plain_causal_forward(tiny):
+    model, prefix = tiny
+    torch.manual_seed(2)
+    clean = torch.randint(6, 300, (2, 12))
+    offsets = torch.tensor([3, 7])
+    window = torch.randint(6, 300, (2, 4))
+    decoy = block_stream("decoy", torch.randint(6, 300, (2, 12)), 4, "bidirectional")  # must not leak
+    layout = compose(clean, [window_stream("w", window, offsets), decoy], prefix.embeds.shape[1])
+    with torch.no_grad():
+        logits = model(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
+                       position_ids=layout.position_ids, prefix=prefix)["logits"]
+    reference_clean = _plain_causal_logits(model, prefix, clean)
+    assert torch.allclose(layout.clean_logits(logits), reference_clean, atol=1e-4)
+    for row in range(2):
+        o = int(offsets[row])
+        sequence = torch.cat([clean[row, : o + 1], window[row]])[None]
+        single = type(prefix)(embeds=prefix.embeds[row : row + 1])
+        reference = _plain_causal_logits(model, single, sequence)[0, o + 1 :]
+        assert torch.allclose(layout.stream_logits(logits, "w")[row], reference, atol=1e-4)
+
+
+def test_causal_block_stream_logits_equal_a_plain_forward_per_block(tiny):
+    model, prefix = tiny
+    torch.manual_seed(3)
+    clean = torch.randint(6, 300, (2, 8))
+    noisy = torch.randint(6, 300, (2, 8))
+    layout = compose(clean, [block_stream("p", noisy, 4, "causal")], prefix.embeds.shape[1])
+    with torch.no_grad():
+        logits = model(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
+                       position_ids=layout.position_ids, prefix=prefix)["logits"]
+    stream = layout.stream_logits(logits, "p")
+    # block 1 (positions 4..7) must equal a causal forward over [clean 0..3, noisy 4..7]
+    reference = _plain_causal_logits(model, prefix, torch.cat([clean[:, :4], noisy[:, 4:]], dim=1))[:, 4:]
+    assert torch.allclose(stream[:, 4:], reference, atol=1e-4)
+
+
+# ----- the mix module ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("objectives", "dar"),
+    [
+        ({"ar": 1.0}, {}),
+        ({"dar": 1.0}, {"draft": "gt"}),
+        ({"dar": 1.0}, {"draft": "model"}),
+        ({"darl": 1.0}, {"window": 6}),
+        ({"block_diffusion": 1.0}, {}),
+        ({"pabdm_csl": 1.0}, {}),
+    ],
+)
+def test_every_objective_trains_the_whole_model(tokenizer, objectives, dar):
+    from components.data.synthetic import generate_page
+    from components.training.config import parse_train_config
+    from components.training.data import Batch, encode_markup
+    from components.training.mix import ObjectiveMix
+    from models.loading import new_tiny_model
+
+    model = new_tiny_model(tokenizer, seed=0).train()
+    config = parse_train_config({
+        "name": "t", "output_dir": "var/unused", "deepspeed": "configs/deepspeed/zero0.json",
+        "model": {"bootstrap": {}}, "data": {"dataset": "var/unused", "max_tokens": 48}, "objectives": objectives,
+        "dar": dar, "train": {"steps": 1},
+    })
+    pages = [generate_page(seed) for seed in (1, 2)]
+    encoded = [encode_markup(tokenizer, page.markup, 48) for page, _ in pages]
+    tokens = torch.full((2, max(len(ids) for ids, _ in encoded)), tokenizer.pad_token_id)
+    for row, (ids, _) in enumerate(encoded):
+        tokens[row, : len(ids)] = torch.tensor(ids)
+    batch = Batch(
+        pixel_values=model.preprocess([image for _, image in pages]), tokens=tokens,
+        lengths=torch.tensor([len(ids) for ids, _ in encoded]), ends_with_eos=torch.tensor([f for _, f in encoded]),
+        weights=torch.ones(2), page_ids=["a", "b"],
+    )
+    loss, metrics = ObjectiveMix(model, config)(batch, torch.Generator().manual_seed(0))
+    assert torch.isfinite(loss) and loss.item() > 0
+    assert all(f"loss_{name}" in metrics for name in objectives)
+    loss.backward()
+    for part in ("vision", "projector", "language_model.model.layers.3", "language_model.model.embed_tokens"):
+        grads = [p.grad for n, p in model.named_parameters() if n.startswith(part)]
+        assert grads and all(g is not None for g in grads), part
+        assert sum(g.abs().sum() for g in grads) > 0, part
