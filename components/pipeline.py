@@ -132,6 +132,7 @@ class PipelineConfig(_Strict):
     name: str = "docmarkup"
     repo_root: str = "."  # the git/DVC repository that versions data_dir (relative: to the project)
     data_dir: str = "data"  # relative to repo_root; versioned as <repo_root>/<data_dir>.dvc
+    work_dir: str | None = None  # run state (training outputs, shard journals); None = var/pipeline/<name>
     ingest: IngestSection = Field(default_factory=IngestSection)
     curation: CurationSection = Field(default_factory=CurationSection)
     training: TrainingSection
@@ -170,7 +171,7 @@ class PipelineConfig(_Strict):
 
     @property
     def run_dir(self) -> Path:
-        return VAR_DIR / "pipeline" / self.name
+        return _resolve(self.work_dir) if self.work_dir else VAR_DIR / "pipeline" / self.name
 
 
 def _resolve(path: str | Path) -> Path:

@@ -57,10 +57,14 @@ def smoke_test(cfg: PipelineConfig, server: TritonServer) -> dict:
             "http": server.http_url, "grpc": server.grpc_url, "metrics": server.metrics_url}
 
 
-def replay_pages(cfg: PipelineConfig, server: TritonServer, split: str = "test", limit: int | None = None) -> int:
+def endpoint_client(cfg: PipelineConfig) -> DocMarkupClient:
+    return DocMarkupClient(f"127.0.0.1:{cfg.deploy.http_port}", f"127.0.0.1:{cfg.deploy.grpc_port}")
+
+
+def replay_pages(cfg: PipelineConfig, split: str = "test", limit: int | None = None) -> int:
     """Send held-out pages through the endpoint as traffic (the demo's stand-in for product teams)."""
     dataset = PageDataset(cfg.split_dir(split))
-    client = DocMarkupClient(server.http_url, server.grpc_url)
+    client = endpoint_client(cfg)
     sent = 0
     for page in dataset.pages()[:limit]:
         buffer = io.BytesIO()

@@ -14,7 +14,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 
-from deploy.workflow import ensure_serving, replay_pages
+from deploy.workflow import replay_pages
 from flows._common import DEFAULT_CONFIG, DEMO_CONFIG, SERVICE_TASK, resolve
 from flows.curate import curate
 from flows.deploy import deploy
@@ -37,7 +37,7 @@ def retrain(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = Non
     if cfg.deploy.enabled and (summary["evaluate"]["promoted"] or _has_champion(cfg)):
         summary["deploy"] = deploy(config, overrides)
         if replay_traffic:
-            summary["replayed_pages"] = replay(cfg, ensure_serving(cfg))
+            summary["replayed_pages"] = replay(cfg, limit=cfg.monitoring.min_production_pages + 8)
         summary["monitor"] = monitor(config, overrides, since=started if replay_traffic else None)
     summary["seconds"] = round(time.time() - started, 1)
     get_run_logger().info("retrain finished in %.0fs", summary["seconds"])

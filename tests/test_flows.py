@@ -26,6 +26,7 @@ def _pipeline_yaml(tmp_path, **sections) -> str:
     config = {
         "name": "flowtest",
         "repo_root": str(repo),
+        "work_dir": str(tmp_path / "work"),
         "ingest": {"synthetic_pages": 12, "synthetic_seed": 500},
         "curation": {"preannotation": {"backend": "rapidocr", "max_pages": 2, "shards": 2},
                      "label_studio": {"enabled": False}},

@@ -153,7 +153,9 @@ def test_decoder_and_threshold_are_chosen_per_request(client, page):
     sdb = client.transcribe(page, decoder="sdb", window=8, max_new_tokens=MAX_TOKENS)
     assert ar.stats["params"]["decoder"] == "ar" and sdb.stats["params"]["window"] == 8
     assert ar.stats["forward_passes"] == ar.stats["new_tokens"]  # AR: one token per forward
-    assert sdb.stats["tokens_per_forward"] != ar.stats["tokens_per_forward"]
+    assert sdb.token_ids == ar.token_ids  # greedy SDB is exact, whatever it accepts
+    ppc = client.transcribe(page, decoder="ppc", span=8, threshold=1e-6, max_new_tokens=MAX_TOKENS)
+    assert ppc.stats["tokens_per_forward"] > 2 * ar.stats["tokens_per_forward"]  # every guess is "confident"
     strict = client.transcribe(page, decoder="block", block_length=8, threshold=1.0, max_new_tokens=16)
     loose = client.transcribe(page, decoder="block", block_length=8, threshold=0.01, max_new_tokens=16)
     assert strict.stats["params"]["threshold"] == 1.0 and loose.stats["params"]["threshold"] == pytest.approx(0.01)
@@ -225,6 +227,20 @@ def test_metrics_endpoint_has_backend_and_triton_metrics(triton, client, page):
     assert sample_value(after, "nv_cpu_utilization") is not None
 
 
+def test_served_pages_are_logged_for_drift_checks_and_feedback(client, registry):
+    image = png(generate_page(77)[1])
+    unary = client.transcribe(image, decoder="sdb", max_new_tokens=MAX_TOKENS)
+    with client.stream_transcribe(image, decoder="ar", max_new_tokens=MAX_TOKENS) as stream:
+        streamed = "".join(chunk.text for chunk in stream)
+    log = RequestLog(registry["root"] / "requests")
+    entries = [e for e in log.entries() if e.page_id == RequestLog.page_id_for(image)]
+    assert [(e.decoder, e.text) for e in entries] == [("sdb", unary.text), ("ar", streamed)]
+    assert entries[0].new_tokens == unary.stats["new_tokens"] and entries[0].model_version == "2"
+    assert entries[0].mean_confidence == pytest.approx(unary.stats["mean_confidence"], rel=1e-6)
+    if entries[0].mean_confidence < log.keep_images_below:  # an untrained model is unsure: its page is kept
+        assert log.image_path(entries[0]).read_bytes() == image
+
+
 @pytest.mark.slow
 def test_promoting_another_version_and_reloading_serves_it(triton, client, registry, page):
     from mlflow import MlflowClient
@@ -258,16 +274,3 @@ def test_a_missing_alias_fails_start_up_with_the_reason(registry):
     finally:
         shutil.rmtree(VAR_DIR / "services" / name, ignore_errors=True)
 
-
-def test_served_pages_are_logged_for_drift_checks_and_feedback(client, registry):
-    image = png(generate_page(77)[1])
-    unary = client.transcribe(image, decoder="sdb", max_new_tokens=MAX_TOKENS)
-    with client.stream_transcribe(image, decoder="ar", max_new_tokens=MAX_TOKENS) as stream:
-        streamed = "".join(chunk.text for chunk in stream)
-    log = RequestLog(registry["root"] / "requests")
-    entries = [e for e in log.entries() if e.page_id == RequestLog.page_id_for(image)]
-    assert [(e.decoder, e.text) for e in entries] == [("sdb", unary.text), ("ar", streamed)]
-    assert entries[0].new_tokens == unary.stats["new_tokens"] and entries[0].model_version == "2"
-    assert entries[0].mean_confidence == pytest.approx(unary.stats["mean_confidence"], rel=1e-6)
-    if entries[0].mean_confidence < log.keep_images_below:  # an untrained model is unsure: its page is kept
-        assert log.image_path(entries[0]).read_bytes() == image

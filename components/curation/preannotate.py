@@ -285,7 +285,7 @@ class RapidOCRConfig:
     # The 180° line classifier flips some upright full-width lines into garbage; pages are upright.
     use_angle_classifier: bool = False
     paragraph_gap: float = 0.25  # a vertical gap above this × body line height starts a paragraph
-    title_ratio: float = 1.25  # a line this much taller than body text is a title...
+    title_ratio: float = 1.45  # a line this much taller than body text is a title (boxes of body lines vary ±25%)...
     title_char_ratio: float = 1.35  # ...and so is one this much wider per character (bold or larger face)
     detect_tables: bool = True  # aligned multi-box lines become an HTML table
     detect_formulas: bool = True  # lines of math symbols become $$ LaTeX $$ (best effort)

@@ -46,10 +46,10 @@ class SyntheticConfig:
     width: int = 320
     height: int = 416
     margin: int = 12
-    font_size: int = 15
-    title_font_size: int = 19
+    font_size: int = 17  # large enough for the CPU-sized model to start reading within minutes
+    title_font_size: int = 22
     small_font_size: int = 10
-    lexicon_size: int = 64
+    lexicon_size: int = 48
     max_body_elements: int = 4
     paragraph_words: tuple[int, int] = (4, 14)
     table_rows: tuple[int, int] = (2, 3)

@@ -167,7 +167,11 @@ class DataVersioner:
                 raise DataVersionError(f"dvc init failed in {self.root}: {exc}") from exc
         with self._repo() as repo, repo.config.edit() as config:
             config["core"]["analytics"] = False
-            config["remote"].setdefault(self.remote_name, {})["url"] = str(self.remote_dir)
+            # Relative to .dvc/ (DVC resolves it from the config file) when inside the repository,
+            # so a committed .dvc/config works in any clone, wherever it lives.
+            inside = self.remote_dir.is_relative_to(self.root)
+            url = os.path.relpath(self.remote_dir, self.root / ".dvc") if inside else str(self.remote_dir)
+            config["remote"].setdefault(self.remote_name, {})["url"] = url
             config["core"]["remote"] = self.remote_name
         self.remote_dir.mkdir(parents=True, exist_ok=True)
 
@@ -197,8 +201,7 @@ class DataVersioner:
         """``dvc add <data>`` + ``dvc push``; returns the (possibly unchanged) version."""
         if not self.data_path.is_dir():
             raise DataVersionError(f"nothing to version: {self.data_path} does not exist")
-        if not (self.root / ".dvc").is_dir():
-            self.ensure_initialized()
+        self.ensure_initialized()
         before = self.current_version()
         with self._repo() as repo:
             try:
