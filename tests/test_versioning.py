@@ -116,3 +116,12 @@ def test_works_without_git_and_reports_missing_data(tmp_path):
     assert version.git_revision is None and version.dvc_file_committed is None and version.files == 1
     with pytest.raises(ValueError, match="inside the repository"):
         DataVersioner(root, data_dir="../elsewhere")
+
+
+def test_default_remote_is_stored_relative_to_the_repository(git_repo, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # DVC reads relative paths against the working directory
+    generate_dataset(git_repo / "data", 2, seed=1)
+    DataVersioner(git_repo).commit("v1")
+    config = (git_repo / ".dvc" / "config").read_text()
+    assert "url = ../var/dvc-remote" in config  # works in any clone, wherever it lives
+    assert any((git_repo / "var" / "dvc-remote").rglob("*")), "push must land inside the repository"

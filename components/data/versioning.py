@@ -169,8 +169,9 @@ class DataVersioner:
             config["core"]["analytics"] = False
             # Relative to .dvc/ (DVC resolves it from the config file) when inside the repository,
             # so a committed .dvc/config works in any clone, wherever it lives.
+            # (DVC reads a relative value against the current directory and stores it relative to .dvc/.)
             inside = self.remote_dir.is_relative_to(self.root)
-            url = os.path.relpath(self.remote_dir, self.root / ".dvc") if inside else str(self.remote_dir)
+            url = os.path.relpath(self.remote_dir) if inside else str(self.remote_dir)
             config["remote"].setdefault(self.remote_name, {})["url"] = url
             config["core"]["remote"] = self.remote_name
         self.remote_dir.mkdir(parents=True, exist_ok=True)
