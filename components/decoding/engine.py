@@ -75,7 +75,7 @@ class DecodingEngine:
         return [self._result(rows[i]) for i in range(len(images))]
 
     def stream(self, images: list[Image.Image], params: DecodeParams | None = None) -> Iterator[CommitEvent]:
-        """Yield every commit of every row. Closing the iterator cancels the remaining work."""
+        """Yield one event per row per forward. Closing the iterator cancels the remaining work."""
         return self._run(images, params or DecodeParams(), {})
 
     # ------------------------------------------------------------------------------------
@@ -140,8 +140,7 @@ class DecodingEngine:
                 new_valid[i, n_stored : n_stored + acceptance.keep_spec] = True
                 event = self._commit(row, acceptance.commit, acceptance.confidences, acceptance.decided)
                 row.stats.seconds = now - started
-                if event is not None:
-                    yield event
+                yield event
 
             slot_valid = torch.cat([slot_valid, new_valid.to(device)], dim=1)
             cache, slot_valid = self._crop_unused(cache, slot_valid)
@@ -164,7 +163,7 @@ class DecodingEngine:
             slot_valid = slot_valid[:, :keep_len]
         return cache, slot_valid
 
-    def _commit(self, row: RowState, tokens: list[int], confidences: list[float], decided: int) -> CommitEvent | None:
+    def _commit(self, row: RowState, tokens: list[int], confidences: list[float], decided: int) -> CommitEvent:
         """Append accepted tokens to a row, applying <eos> and budget stops; build its stream event."""
         row.stats.forward_passes += 1
         row.stats.accepted_lengths.append(decided)
@@ -180,13 +179,14 @@ class DecodingEngine:
         if not row.finished and row.remaining <= 0:
             row.truncated = True
         if not tokens and not row.done:
-            return None
+            return CommitEvent(row=row.row, token_ids=[], text="", confidences=[], forward_pass=row.stats.forward_passes,
+                               decided=decided)
         text = self.tokenizer.decode([t for t in row.generated if t != self.ids.eos], skip_special_tokens=True)
         stable = text if row.done else text.rstrip("\ufffd")  # hold back a half-decoded UTF-8 character
         delta, row.emitted_text = stable[len(row.emitted_text) :], stable
         return CommitEvent(
             row=row.row, token_ids=tokens, text=delta, confidences=confidences, forward_pass=row.stats.forward_passes,
-            finished=row.finished, truncated=row.truncated,
+            decided=decided, finished=row.finished, truncated=row.truncated,
         )
 
 

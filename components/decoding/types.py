@@ -88,13 +88,18 @@ class DecodeStats:
 
 @dataclass
 class CommitEvent:
-    """Tokens one row committed in one forward, as streamed to a client."""
+    """What one forward did for one row: the tokens it committed (maybe none) and how many it decided.
+
+    Every forward of every row yields one event, so a consumer of the stream can rebuild the exact
+    speed accounting; block decoding may decide tokens a few forwards before it can commit them.
+    """
 
     row: int
     token_ids: list[int]
     text: str
     confidences: list[float]
     forward_pass: int
+    decided: int = 0
     finished: bool = False
     truncated: bool = False
 

@@ -219,7 +219,8 @@ class TritonPythonModel:
                     break
                 accounting.add(event)
                 text.append(event.text)
-                sender.send(self._commit_response(event))
+                if event.token_ids:  # forwards that only decided (block decoding) send nothing
+                    sender.send(self._commit_response(event))
         except Exception as exc:
             self._log_failure("streamed decoding failed", exc)
             self.metrics.record_request(decoder, "error", time.perf_counter() - started)

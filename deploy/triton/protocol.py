@@ -129,14 +129,7 @@ def result_stats(result: DecodeResult, params: DecodeParams, model: Mapping[str,
 
 @dataclass
 class StreamAccounting:
-    """Stats of a streamed page rebuilt from its commit events.
-
-    The engine's stream yields only forwards that commit something; the forward counter in
-    each event reveals the silent ones. ``accepted_lengths`` therefore counts *committed*
-    tokens per forward, where ``generate`` counts *decided* ones: they differ when the last
-    forward decided tokens past ``<eos>`` or the budget, and in block decoding, which may decide
-    tokens a few forwards before it can emit them.
-    """
+    """Stats of a streamed page rebuilt from its events (one per forward), equal to ``generate``'s."""
 
     forward_passes: int = 0
     new_tokens: int = 0
@@ -146,9 +139,7 @@ class StreamAccounting:
     truncated: bool = False
 
     def add(self, event: CommitEvent) -> None:
-        silent = event.forward_pass - self.forward_passes - 1
-        self.accepted_lengths.extend([0] * max(silent, 0))
-        self.accepted_lengths.append(len(event.token_ids))
+        self.accepted_lengths.append(event.decided)
         self.forward_passes = event.forward_pass
         self.new_tokens += len(event.token_ids)
         self.confidence_sum += float(sum(event.confidences))
