@@ -56,7 +56,10 @@ def resolve_model(model: str | None) -> Path:
     from components.training.quick import train_quick_model
 
     print(f"no model given and none at {demo_model}: training a quick one first", file=sys.stderr)
-    return train_quick_model(demo_model)
+    train_pages = VAR_DIR / "bench" / "quick-train-pages"
+    if not PageDataset(train_pages).exists():
+        generate_dataset(train_pages, 600, seed=0, cfg=SyntheticConfig.preset("tiny"))
+    return train_quick_model(VAR_DIR / "bench" / "quick", train_pages, steps=300)
 
 
 def main(argv: list[str] | None = None) -> int:
