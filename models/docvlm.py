@@ -95,6 +95,17 @@ def best_attention_implementation(preferred: str = "sdpa") -> str:
     return preferred
 
 
+def attention_implementations(preferred: str = "sdpa") -> tuple[str, str]:
+    """(vision tower, text model) attention kernels.
+
+    The decoders pass arbitrary 4-D masks (cache holes, bidirectional blocks, causal spans) that
+    flash-attention kernels cannot take, so the text model stays on SDPA; the vision tower has
+    no mask and may use flash_attention_2.
+    """
+    attn = best_attention_implementation(preferred)
+    return attn, ("sdpa" if attn == "flash_attention_2" else attn)
+
+
 class DocVLMForConditionalGeneration(PreTrainedModel):
     """Vision prefix + causal decoder. Implements :class:`models.interface.MarkupLM`."""
 
@@ -107,9 +118,9 @@ class DocVLMForConditionalGeneration(PreTrainedModel):
 
     def __init__(self, config: DocVLMConfig):
         super().__init__(config)
-        attn = best_attention_implementation(config.attn_implementation_preference)
-        config.vision_config._attn_implementation = "sdpa" if attn == "flash_attention_2" else attn
-        config.text_config._attn_implementation = attn
+        vision_attn, text_attn = attention_implementations(config.attn_implementation_preference)
+        config.vision_config._attn_implementation = vision_attn
+        config.text_config._attn_implementation = text_attn
         self.vision = ViTModel(config.vision_config, add_pooling_layer=False)
         merged = config.vision_config.hidden_size * config.spatial_merge_size**2
         self.projector = nn.Sequential(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import sys
+import types
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from components.decoding import masks
 from components.decoding.engine import DecodingEngine, special_ids_of
 from components.decoding.ppc import confident_prefix_length
 from components.decoding.types import DecodeParams
+from models import docvlm
 from models.loading import new_tiny_model
 from tests.oracle_model import OracleModel
 
@@ -247,3 +250,12 @@ def test_sampling_is_reproducible_with_a_seed(chaotic_engine):
     assert first.token_ids == second.token_ids
     other = chaotic_engine.generate(page, DecodeParams(decoder="sdb", temperature=1.0, seed=6, max_new_tokens=32))[0]
     assert other.token_ids != first.token_ids
+
+
+def test_text_model_never_gets_flash_attention_because_decode_masks_are_arbitrary(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert docvlm.attention_implementations("flash_attention_2") == ("flash_attention_2", "sdpa")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert docvlm.attention_implementations("flash_attention_2") == ("sdpa", "sdpa")
+    assert docvlm.attention_implementations("eager") == ("eager", "eager")
