@@ -131,6 +131,29 @@ def test_repository_refuses_a_folder_without_a_model(tmp_path):
         materialize_repository("models:/m@champion", tmp_path / "repo", default_decoder="beam")
 
 
+def test_batch_size_is_set_on_the_unary_model_only_and_zero_drops_the_batcher(tmp_path):
+    batched = materialize_repository("models:/m@champion", tmp_path / "a", max_batch_size=32)
+    unary_config = (batched / "docmarkup" / "config.pbtxt").read_text()
+    assert "max_batch_size: 32" in unary_config and "dynamic_batching" in unary_config
+    assert "max_batch_size: 0" in (batched / "docmarkup_stream" / "config.pbtxt").read_text()
+    plain = materialize_repository("models:/m@champion", tmp_path / "b", max_batch_size=0)
+    plain_config = (plain / "docmarkup" / "config.pbtxt").read_text()
+    assert "max_batch_size: 0" in plain_config and "dynamic_batching" not in plain_config
+    with pytest.raises(ValueError, match="max_batch_size"):
+        materialize_repository("models:/m@champion", tmp_path / "c", max_batch_size=-1)
+
+
+def test_batch_groups_join_equal_unseeded_requests_in_arrival_order():
+    ar, sdb = DecodeParams(decoder="ar"), DecodeParams(decoder="sdb", window=8)
+    seeded = DecodeParams(decoder="sdb", temperature=1.0, seed=3)
+    requests = [ar, sdb, None, ar, seeded, DecodeParams(decoder="ar"), seeded, sdb, ar]
+    assert protocol.batch_groups(requests, max_pages=8) == [[0, 3, 5, 8], [1, 7], [4], [6]]
+    assert protocol.batch_groups(requests, max_pages=2) == [[0, 3], [1, 7], [4], [5, 8], [6]]
+    assert protocol.batch_groups([None, None], max_pages=4) == []
+    with pytest.raises(ValueError, match="max_pages"):
+        protocol.batch_groups([ar], max_pages=0)
+
+
 def test_set_parameters_escapes_and_appends():
     text = set_parameters('parameters { key: "a" value: { string_value: "old" } }\n', {"a": 'say "hi"', "b": "new"})
     assert read_parameters(text) == {"a": 'say "hi"', "b": "new"}

@@ -9,7 +9,9 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -172,6 +174,43 @@ def test_corrupt_image_gets_a_clear_error_and_the_server_keeps_serving(triton, c
         client.transcribe(page, decoder="beam")
     assert triton.ready()
     assert client.transcribe(page, max_new_tokens=4).stats["new_tokens"] == 4
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_page(triton, client, registry):
+    pages = [png(generate_page(seed)[1]) for seed in (31, 32, 33)]
+    requests = [(pages[0], "ar"), (pages[1], "sdb"), (pages[1], "ar"), (b"not an image", "ar"),
+                (pages[2], "ar"), (pages[2], "sdb"), (pages[0], "sdb")]
+    labels = {"model": "docmarkup", "version": "1"}
+    before = parse_samples(triton.metrics_text())
+    start = threading.Barrier(len(requests))
+
+    def send(image: bytes, decoder: str):
+        start.wait()
+        try:
+            return client.transcribe(image, decoder=decoder, max_new_tokens=MAX_TOKENS)
+        except TranscriptionError as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(lambda request: send(*request), requests))
+    after = parse_samples(triton.metrics_text())
+
+    engine = DecodingEngine.from_pretrained(registry["folders"]["2"])
+    for (image, decoder), answer in zip(requests, answers, strict=True):
+        if image == b"not an image":  # a bad page is answered alone; the others in its batch still decode
+            assert isinstance(answer, TranscriptionError) and "corrupt or not an image" in str(answer)
+            continue
+        [alone] = engine.generate([Image.open(io.BytesIO(image)).convert("RGB")],
+                                  DecodeParams(decoder=decoder, max_new_tokens=MAX_TOKENS))
+        assert answer.token_ids == alone.token_ids and answer.text == alone.text
+        assert answer.stats["params"]["decoder"] == decoder
+    assert max(answer.stats["batch_size"] for answer in answers if not isinstance(answer, Exception)) > 1
+
+    def delta(name: str) -> float:
+        return (sample_value(after, name, **labels) or 0.0) - (sample_value(before, name, **labels) or 0.0)
+
+    assert delta("nv_inference_request_success") == len(requests)
+    assert delta("nv_inference_exec_count") < len(requests)  # Triton grouped them into fewer executions
 
 
 def test_cancelling_a_stream_stops_decoding_on_the_server(triton, client, page):

@@ -45,7 +45,9 @@ def _error(message: str, code: int | None = None) -> pb_utils.TritonError:
 
 
 class TritonPythonModel:
-    """One model instance: an engine over the resolved weights, serving one request at a time."""
+    """One model instance: an engine over the resolved weights. The unary model decodes each
+    dynamically batched execute's compatible requests together; the stream model serves its
+    requests one after another."""
 
     def initialize(self, args: dict) -> None:
         self.model_config = json.loads(args["model_config"])
@@ -55,6 +57,7 @@ class TritonPythonModel:
             key: value.get("string_value", "") for key, value in self.model_config.get("parameters", {}).items()
         }
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(self.model_config)
+        self.max_batch_size = int(self.model_config.get("max_batch_size", 0))
         self.default_decoder = parameters.get("default_decoder") or "ar"
         self.max_new_tokens_limit = int(parameters.get("max_new_tokens_limit") or 2048)
         threads = int(parameters.get("torch_threads") or 0)
@@ -102,7 +105,7 @@ class TritonPythonModel:
                                 pb_utils.InferenceResponse(error=_error(f"internal error: {exc}")), flags=FINAL
                             )
                 return None
-            return [self._infer_one(request) for request in requests]
+            return self._infer_batch(requests)
 
     def finalize(self) -> None:
         """Let running requests finish (bounded), then release metrics before their families."""
@@ -139,37 +142,66 @@ class TritonPythonModel:
     def _log_failure(self, what: str, exc: BaseException) -> None:
         self.logger.log_error(f"{self.model_name}: {what}: {exc}\n{traceback.format_exc()}")
 
-    def _infer_one(self, request) -> pb_utils.InferenceResponse:
+    def _infer_batch(self, requests: list) -> list[pb_utils.InferenceResponse]:
+        """Answer every request of one (dynamically batched) execute, in order.
+
+        Requests with equal parameters are decoded together by one engine call (one forward per
+        step for all their pages); a bad request is answered with its error and never fails the
+        others. Each page's latency runs from the start of this execute to its batch's end.
+        """
         started = time.perf_counter()
-        decoder = self.default_decoder
-        try:
-            if request.is_cancelled():
-                self.metrics.record_request(decoder, "cancelled", time.perf_counter() - started)
-                return pb_utils.InferenceResponse(error=_error("request cancelled", pb_utils.TritonError.CANCELLED))
-            params, image, image_bytes = self._parse(request)
-            decoder = params.decoder
-            [result] = self.engine.generate([image], params)
-        except (protocol.RequestError, InvalidPageError) as exc:
-            self.metrics.record_request(decoder, "invalid", time.perf_counter() - started)
-            return pb_utils.InferenceResponse(error=_error(str(exc), pb_utils.TritonError.INVALID_ARG))
-        except Exception as exc:
-            self._log_failure("decoding failed", exc)
-            self.metrics.record_request(decoder, "error", time.perf_counter() - started)
-            return pb_utils.InferenceResponse(error=_error(f"decoding failed: {type(exc).__name__}: {exc}"))
-        latency = time.perf_counter() - started
+        responses: list[pb_utils.InferenceResponse | None] = [None] * len(requests)
+        parsed: list[tuple[DecodeParams, object, bytes] | None] = [None] * len(requests)
+        for index, request in enumerate(requests):
+            decoder = self.default_decoder
+            try:
+                if request.is_cancelled():
+                    self.metrics.record_request(decoder, "cancelled", time.perf_counter() - started)
+                    responses[index] = pb_utils.InferenceResponse(
+                        error=_error("request cancelled", pb_utils.TritonError.CANCELLED))
+                    continue
+                parsed[index] = self._parse(request)
+            except (protocol.RequestError, InvalidPageError) as exc:
+                self.metrics.record_request(decoder, "invalid", time.perf_counter() - started)
+                responses[index] = pb_utils.InferenceResponse(error=_error(str(exc), pb_utils.TritonError.INVALID_ARG))
+            except Exception as exc:
+                self._log_failure("reading the request failed", exc)
+                self.metrics.record_request(decoder, "error", time.perf_counter() - started)
+                responses[index] = pb_utils.InferenceResponse(error=_error(f"reading the request failed: {exc}"))
+        groups = protocol.batch_groups([p[0] if p else None for p in parsed], max(1, self.max_batch_size))
+        for group in groups:
+            params = parsed[group[0]][0]
+            try:
+                results = self.engine.generate([parsed[i][1] for i in group], params)
+            except Exception as exc:
+                self._log_failure("decoding failed", exc)
+                for i in group:
+                    self.metrics.record_request(params.decoder, "error", time.perf_counter() - started)
+                    responses[i] = pb_utils.InferenceResponse(
+                        error=_error(f"decoding failed: {type(exc).__name__}: {exc}"))
+                continue
+            latency = time.perf_counter() - started
+            for i, result in zip(group, results, strict=True):
+                responses[i] = self._page_response(result, params, parsed[i][2], latency, batch_size=len(group))
+        return responses
+
+    def _page_response(self, result, params: DecodeParams, image_bytes: bytes, latency: float,
+                       batch_size: int) -> pb_utils.InferenceResponse:
         stats = result.stats
         self.metrics.record_decoding(
-            decoder, new_tokens=stats.new_tokens, forward_passes=stats.forward_passes,
+            params.decoder, new_tokens=stats.new_tokens, forward_passes=stats.forward_passes,
             accepted_lengths=stats.accepted_lengths, mean_confidence=stats.mean_confidence if stats.new_tokens else None,
         )
-        self.metrics.record_request(decoder, protocol.outcome_of(result.finished, result.truncated), latency)
-        self._record_served(image_bytes, decoder, result.text, stats.new_tokens, stats.forward_passes,
+        self.metrics.record_request(params.decoder, protocol.outcome_of(result.finished, result.truncated), latency)
+        self._record_served(image_bytes, params.decoder, result.text, stats.new_tokens, stats.forward_passes,
                             stats.confidence_sum, latency, result.truncated)
-        payload = protocol.result_stats(result, params, self.model_info, latency)
+        payload = protocol.result_stats(result, params, self.model_info, latency) | {"batch_size": batch_size}
+        # A batching model's outputs carry the batch dimension (one page per request).
+        lead = (1,) if self.max_batch_size > 0 else ()
         return pb_utils.InferenceResponse(output_tensors=[
-            _tensor(protocol.TEXT_OUTPUT, protocol.as_object_array([result.text])),
-            _tensor(protocol.TOKEN_IDS_OUTPUT, np.asarray(result.token_ids, dtype=np.int64)),
-            _tensor(protocol.STATS_OUTPUT, protocol.as_object_array([protocol.to_json(payload)])),
+            _tensor(protocol.TEXT_OUTPUT, protocol.as_object_array([result.text]).reshape(*lead, 1)),
+            _tensor(protocol.TOKEN_IDS_OUTPUT, np.asarray(result.token_ids, dtype=np.int64).reshape(*lead, -1)),
+            _tensor(protocol.STATS_OUTPUT, protocol.as_object_array([protocol.to_json(payload)]).reshape(*lead, 1)),
         ])
 
     def _commit_response(self, event: CommitEvent) -> pb_utils.InferenceResponse:

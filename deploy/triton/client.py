@@ -194,6 +194,7 @@ class DocMarkupClient:
         self.model = model
         self.stream_model = stream_model
         self.timeout_s = timeout_s
+        self._batched: bool | None = None  # whether self.model takes a leading batch dimension
 
     def _http(self) -> httpclient.InferenceServerClient:
         return httpclient.InferenceServerClient(self.http_url, connection_timeout=10.0, network_timeout=self.timeout_s)
@@ -219,6 +220,10 @@ class DocMarkupClient:
         outputs = [httpclient.InferRequestedOutput(name, binary_data=True)
                    for name in (protocol.TEXT_OUTPUT, protocol.TOKEN_IDS_OUTPUT, protocol.STATS_OUTPUT)]
         try:
+            if self._batched is None:  # a batching model wants [1, ...] inputs: ask its config once
+                self._batched = int(client.get_model_config(self.model).get("max_batch_size", 0)) > 0
+            if self._batched:
+                values = {name: array[None, ...] for name, array in values.items()}
             result = client.infer(self.model, _inputs(httpclient, values), outputs=outputs)
         except InferenceServerException as exc:
             _raise_for(exc, self.http_url)
@@ -228,7 +233,7 @@ class DocMarkupClient:
             client.close()
         return Transcription(
             text=result.as_numpy(protocol.TEXT_OUTPUT).reshape(-1)[0].decode("utf-8"),
-            token_ids=result.as_numpy(protocol.TOKEN_IDS_OUTPUT).tolist(),
+            token_ids=result.as_numpy(protocol.TOKEN_IDS_OUTPUT).reshape(-1).tolist(),
             stats=json.loads(result.as_numpy(protocol.STATS_OUTPUT).reshape(-1)[0]),
         )
 

@@ -6,7 +6,11 @@ choosing the decoder per request: ``DECODER`` (BYTES: ar | sdb | block | ppc), `
 ``TEMPERATURE`` (FP32), ``TOP_K`` (INT32), ``SEED`` (INT64). Anything omitted takes the :class:`DecodeParams`
 default (the decoder default comes from the model config).
 
-Response (``docmarkup``): ``TEXT``, ``TOKEN_IDS``, ``STATS`` (JSON). Stream
+Response (``docmarkup``): ``TEXT``, ``TOKEN_IDS``, ``STATS`` (JSON). ``docmarkup`` is batched
+(``max_batch_size`` > 0, dynamic batching): each request is one page with a leading batch
+dimension of 1 on every input and output, and Triton groups concurrent requests into one
+``execute``; the backend decodes requests with the same parameters together
+(:func:`batch_groups`). Stream
 (``docmarkup_stream``): per commit ``TEXT`` (the new text only), ``TOKEN_IDS``, ``CONFIDENCES``,
 ``FORWARD_PASS``; the final response carries ``STATS`` (non-empty JSON) and Triton's final flag.
 """
@@ -16,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +112,31 @@ def image_bytes_from_input(array: np.ndarray | None) -> bytes:
 def image_from_input(array: np.ndarray | None) -> Image.Image:
     """Decode the ``IMAGE`` input; corrupt or empty pages raise ``InvalidPageError`` with the reason."""
     return load_image(image_bytes_from_input(array))
+
+
+def batch_groups(params: Sequence[DecodeParams | None], max_pages: int) -> list[list[int]]:
+    """Indices of the requests to decode together, in arrival order.
+
+    Requests share a batch only when their parameters are equal and carry no seed: a seeded
+    page's sampling stream depends on its row in the batch, so it is decoded alone to stay
+    reproducible. ``None`` (a request already answered with an error) is skipped.
+    """
+    if max_pages < 1:
+        raise ValueError("max_pages must be >= 1")
+    groups: list[list[int]] = []
+    open_groups: dict[DecodeParams, list[int]] = {}
+    for index, request_params in enumerate(params):
+        if request_params is None:
+            continue
+        if request_params.seed is not None:
+            groups.append([index])
+            continue
+        group = open_groups.get(request_params)
+        if group is None or len(group) >= max_pages:
+            group = open_groups[request_params] = []
+            groups.append(group)
+        group.append(index)
+    return groups
 
 
 def params_dict(params: DecodeParams) -> dict[str, Any]:

@@ -22,6 +22,8 @@ DECODERS = ("ar", "sdb", "block", "ppc")
 
 _PARAMETER = re.compile(r'parameters\s*\{\s*key:\s*"(?P<key>[^"]+)"\s*value:\s*\{\s*string_value:\s*"(?:[^"\\]|\\.)*"\s*\}\s*\}')
 _INSTANCE_COUNT = re.compile(r"(instance_group\s*\[\s*\{\s*kind:\s*KIND_CPU\s+count:\s*)\d+")
+_MAX_BATCH_SIZE = re.compile(r"^max_batch_size:\s*\d+", re.MULTILINE)
+_DYNAMIC_BATCHING = re.compile(r"^dynamic_batching\s*\{[^}]*\}\n?", re.MULTILINE)
 
 
 def _pbtxt_string(value: str) -> str:
@@ -45,6 +47,15 @@ def set_parameters(config_text: str, parameters: Mapping[str, str]) -> str:
     return text
 
 
+def set_max_batch_size(config_text: str, max_batch_size: int) -> str:
+    """``config.pbtxt`` text batching up to ``max_batch_size`` requests; 0 also drops the dynamic
+    batcher, which Triton only accepts on a batching model."""
+    text, count = _MAX_BATCH_SIZE.subn(f"max_batch_size: {max_batch_size}", config_text)
+    if count != 1:
+        raise RuntimeError("config has no max_batch_size line to set")
+    return _DYNAMIC_BATCHING.sub("", text) if max_batch_size == 0 else text
+
+
 def read_parameters(config_text: str) -> dict[str, str]:
     """The string parameters of a ``config.pbtxt`` (what the backend will see)."""
     found = {}
@@ -62,6 +73,7 @@ def materialize_repository(
     default_decoder: str = "ar",
     max_new_tokens_limit: int = 2048,
     instance_count: int = 1,
+    max_batch_size: int = 8,
     torch_threads: int = 1,
     model_cache_dir: str | Path | None = None,
     request_log_dir: str | Path | None = None,
@@ -69,12 +81,16 @@ def materialize_repository(
     """Copy the template repository to ``destination`` with the model source filled in.
 
     ``model_uri`` is an MLflow URI (``models:/docmarkup@champion``) or a local model folder
-    (made absolute, since the server's working directory may differ). Returns ``destination``.
+    (made absolute, since the server's working directory may differ). ``max_batch_size`` caps
+    how many concurrent ``docmarkup`` requests one execute decodes together (0: no batching).
+    Returns ``destination``.
     """
     if default_decoder not in DECODERS:
         raise ValueError(f"default_decoder {default_decoder!r} is not one of {DECODERS}")
     if instance_count < 1:
         raise ValueError("instance_count must be at least 1")
+    if max_batch_size < 0:
+        raise ValueError("max_batch_size must be >= 0 (0 = no batching)")
     if torch_threads < 0:
         raise ValueError("torch_threads must be >= 0 (0 = torch default)")
     uri = str(model_uri)
@@ -103,6 +119,8 @@ def materialize_repository(
         text, count = _INSTANCE_COUNT.subn(rf"\g<1>{instance_count}", text)
         if count != 1:
             raise RuntimeError(f"template {config} has no KIND_CPU instance_group to size")
+        if model == MODEL_NAME:
+            text = set_max_batch_size(text, max_batch_size)
         config.write_text(text)
     # Swap in the new repository whole, so a server never reads a half-written one.
     shutil.rmtree(destination, ignore_errors=True)

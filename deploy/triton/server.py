@@ -466,11 +466,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--max-batch-size", type=int, default=8,
+                        help="concurrent docmarkup requests decoded together (0: no batching)")
     args = parser.parse_args(argv)
     ports = TritonPorts(args.http_port, args.grpc_port, args.metrics_port)
     repository = TRITON_VAR / args.name / "model_repository"
     if args.action == "start":
-        server = start_triton(args.model_uri, ports=ports, name=args.name, tracking_uri=args.tracking_uri)
+        server = start_triton(args.model_uri, ports=ports, name=args.name, tracking_uri=args.tracking_uri,
+                              max_batch_size=args.max_batch_size)
         print(f"triton ready in {server.startup_seconds:.1f}s: http {server.http_url}, grpc {server.grpc_url}, "
               f"metrics {server.metrics_url} (pid {server.service.pid()})")
         return 0
