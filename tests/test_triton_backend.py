@@ -131,14 +131,16 @@ def test_repository_refuses_a_folder_without_a_model(tmp_path):
         materialize_repository("models:/m@champion", tmp_path / "repo", default_decoder="beam")
 
 
-def test_batch_size_is_set_on_the_unary_model_only_and_zero_drops_the_batcher(tmp_path):
+def test_batch_size_is_set_on_both_models_and_zero_drops_the_batcher(tmp_path):
     batched = materialize_repository("models:/m@champion", tmp_path / "a", max_batch_size=32)
-    unary_config = (batched / "docmarkup" / "config.pbtxt").read_text()
-    assert "max_batch_size: 32" in unary_config and "dynamic_batching" in unary_config
-    assert "max_batch_size: 0" in (batched / "docmarkup_stream" / "config.pbtxt").read_text()
+    for model in MODEL_NAMES:
+        config = (batched / model / "config.pbtxt").read_text()
+        assert "max_batch_size: 32" in config and "dynamic_batching" in config
     plain = materialize_repository("models:/m@champion", tmp_path / "b", max_batch_size=0)
-    plain_config = (plain / "docmarkup" / "config.pbtxt").read_text()
-    assert "max_batch_size: 0" in plain_config and "dynamic_batching" not in plain_config
+    for model in MODEL_NAMES:
+        config = (plain / model / "config.pbtxt").read_text()
+        assert "max_batch_size: 0" in config and "dynamic_batching" not in config
+    assert "decoupled: true" in (plain / "docmarkup_stream" / "config.pbtxt").read_text()
     with pytest.raises(ValueError, match="max_batch_size"):
         materialize_repository("models:/m@champion", tmp_path / "c", max_batch_size=-1)
 

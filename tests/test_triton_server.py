@@ -213,6 +213,40 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_page(triton, clie
     assert delta("nv_inference_exec_count") < len(requests)  # Triton grouped them into fewer executions
 
 
+def test_concurrent_streams_share_a_batch_and_a_cancelled_one_leaves_the_others_intact(triton, client, registry):
+    pages = [png(generate_page(seed)[1]) for seed in (41, 42, 43)]
+    requests = [(pages[0], "ar", False), (pages[1], "ar", True), (pages[2], "ar", False), (pages[2], "sdb", False)]
+    labels = {"model": "docmarkup_stream", "version": "1"}
+    before = parse_samples(triton.metrics_text())
+    start = threading.Barrier(len(requests))
+
+    def stream(image: bytes, decoder: str, cancel: bool):
+        start.wait()
+        with client.stream_transcribe(image, decoder=decoder, max_new_tokens=MAX_TOKENS) as page_stream:
+            for _chunk in page_stream:
+                if cancel:
+                    page_stream.cancel()
+        return page_stream
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        streams = list(pool.map(lambda request: stream(*request), requests))
+    engine = DecodingEngine.from_pretrained(registry["folders"]["2"])
+    for (image, decoder, cancel), page_stream in zip(requests, streams, strict=True):
+        if cancel:
+            assert page_stream.stats is None and len(page_stream.chunks) == 1
+            continue
+        [alone] = engine.generate([Image.open(io.BytesIO(image)).convert("RGB")],
+                                  DecodeParams(decoder=decoder, max_new_tokens=MAX_TOKENS))
+        assert page_stream.text == alone.text
+        assert [t for chunk in page_stream.chunks for t in chunk.token_ids] == alone.token_ids
+        assert page_stream.stats["forward_passes"] == alone.stats.forward_passes
+    assert max(s.stats["batch_size"] for s in streams if s.stats) > 1
+    after = parse_samples(triton.metrics_text())
+    executions = (sample_value(after, "nv_inference_exec_count", **labels) or 0.0) - (
+        sample_value(before, "nv_inference_exec_count", **labels) or 0.0)
+    assert executions < len(requests)
+
+
 def test_cancelling_a_stream_stops_decoding_on_the_server(triton, client, page):
     before = parse_samples(triton.metrics_text())
     budget = 400

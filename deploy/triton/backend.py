@@ -18,6 +18,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -94,18 +95,18 @@ class TritonPythonModel:
 
     def execute(self, requests: list) -> list | None:
         with self._in_flight():
-            if self.decoupled:
+            if not self.decoupled:
+                return self._infer_batch(requests)
+            try:
+                self._stream_batch(requests)
+            except Exception as exc:  # never leave a stream without its final response
+                self._log_failure("streaming requests failed", exc)
                 for request in requests:
-                    try:
-                        self._stream_one(request)
-                    except Exception as exc:  # never leave a stream without its final response
-                        self._log_failure("streaming request failed", exc)
-                        with suppress(Exception):
-                            request.get_response_sender().send(
-                                pb_utils.InferenceResponse(error=_error(f"internal error: {exc}")), flags=FINAL
-                            )
-                return None
-            return self._infer_batch(requests)
+                    with suppress(Exception):
+                        request.get_response_sender().send(
+                            pb_utils.InferenceResponse(error=_error(f"internal error: {exc}")), flags=FINAL
+                        )
+            return None
 
     def finalize(self) -> None:
         """Let running requests finish (bounded), then release metrics before their families."""
@@ -142,6 +143,31 @@ class TritonPythonModel:
     def _log_failure(self, what: str, exc: BaseException) -> None:
         self.logger.log_error(f"{self.model_name}: {what}: {exc}\n{traceback.format_exc()}")
 
+    def _parse_all(self, requests: list, started: float) -> list[tuple[DecodeParams, object, bytes] | pb_utils.TritonError]:
+        """Each request's (params, image, image bytes), or the error to answer it with (counted)."""
+        parsed: list = []
+        for request in requests:
+            decoder = self.default_decoder
+            try:
+                if request.is_cancelled():
+                    self.metrics.record_request(decoder, "cancelled", time.perf_counter() - started)
+                    parsed.append(_error("request cancelled", pb_utils.TritonError.CANCELLED))
+                    continue
+                parsed.append(self._parse(request))
+            except (protocol.RequestError, InvalidPageError) as exc:
+                self.metrics.record_request(decoder, "invalid", time.perf_counter() - started)
+                parsed.append(_error(str(exc), pb_utils.TritonError.INVALID_ARG))
+            except Exception as exc:
+                self._log_failure("reading the request failed", exc)
+                self.metrics.record_request(decoder, "error", time.perf_counter() - started)
+                parsed.append(_error(f"reading the request failed: {exc}"))
+        return parsed
+
+    def _groups(self, parsed: list) -> list[list[int]]:
+        """Which parsed requests decode together (equal parameters, no seed; see protocol.batch_groups)."""
+        params = [entry[0] if isinstance(entry, tuple) else None for entry in parsed]
+        return protocol.batch_groups(params, max(1, self.max_batch_size))
+
     def _infer_batch(self, requests: list) -> list[pb_utils.InferenceResponse]:
         """Answer every request of one (dynamically batched) execute, in order.
 
@@ -150,26 +176,9 @@ class TritonPythonModel:
         others. Each page's latency runs from the start of this execute to its batch's end.
         """
         started = time.perf_counter()
-        responses: list[pb_utils.InferenceResponse | None] = [None] * len(requests)
-        parsed: list[tuple[DecodeParams, object, bytes] | None] = [None] * len(requests)
-        for index, request in enumerate(requests):
-            decoder = self.default_decoder
-            try:
-                if request.is_cancelled():
-                    self.metrics.record_request(decoder, "cancelled", time.perf_counter() - started)
-                    responses[index] = pb_utils.InferenceResponse(
-                        error=_error("request cancelled", pb_utils.TritonError.CANCELLED))
-                    continue
-                parsed[index] = self._parse(request)
-            except (protocol.RequestError, InvalidPageError) as exc:
-                self.metrics.record_request(decoder, "invalid", time.perf_counter() - started)
-                responses[index] = pb_utils.InferenceResponse(error=_error(str(exc), pb_utils.TritonError.INVALID_ARG))
-            except Exception as exc:
-                self._log_failure("reading the request failed", exc)
-                self.metrics.record_request(decoder, "error", time.perf_counter() - started)
-                responses[index] = pb_utils.InferenceResponse(error=_error(f"reading the request failed: {exc}"))
-        groups = protocol.batch_groups([p[0] if p else None for p in parsed], max(1, self.max_batch_size))
-        for group in groups:
+        parsed = self._parse_all(requests, started)
+        responses = [None if isinstance(entry, tuple) else pb_utils.InferenceResponse(error=entry) for entry in parsed]
+        for group in self._groups(parsed):
             params = parsed[group[0]][0]
             try:
                 results = self.engine.generate([parsed[i][1] for i in group], params)
@@ -185,6 +194,10 @@ class TritonPythonModel:
                 responses[i] = self._page_response(result, params, parsed[i][2], latency, batch_size=len(group))
         return responses
 
+    def _lead(self) -> tuple[int, ...]:
+        """A batching model's outputs carry the batch dimension (one page per request)."""
+        return (1,) if self.max_batch_size > 0 else ()
+
     def _page_response(self, result, params: DecodeParams, image_bytes: bytes, latency: float,
                        batch_size: int) -> pb_utils.InferenceResponse:
         stats = result.stats
@@ -196,8 +209,7 @@ class TritonPythonModel:
         self._record_served(image_bytes, params.decoder, result.text, stats.new_tokens, stats.forward_passes,
                             stats.confidence_sum, latency, result.truncated)
         payload = protocol.result_stats(result, params, self.model_info, latency) | {"batch_size": batch_size}
-        # A batching model's outputs carry the batch dimension (one page per request).
-        lead = (1,) if self.max_batch_size > 0 else ()
+        lead = self._lead()
         return pb_utils.InferenceResponse(output_tensors=[
             _tensor(protocol.TEXT_OUTPUT, protocol.as_object_array([result.text]).reshape(*lead, 1)),
             _tensor(protocol.TOKEN_IDS_OUTPUT, np.asarray(result.token_ids, dtype=np.int64).reshape(*lead, -1)),
@@ -205,80 +217,113 @@ class TritonPythonModel:
         ])
 
     def _commit_response(self, event: CommitEvent) -> pb_utils.InferenceResponse:
+        lead = self._lead()
         return pb_utils.InferenceResponse(output_tensors=[
-            _tensor(protocol.TEXT_OUTPUT, protocol.as_object_array([event.text])),
-            _tensor(protocol.TOKEN_IDS_OUTPUT, np.asarray(event.token_ids, dtype=np.int64)),
-            _tensor(protocol.CONFIDENCES_OUTPUT, np.asarray(event.confidences, dtype=np.float32)),
-            _tensor(protocol.FORWARD_PASS_OUTPUT, np.asarray([event.forward_pass], dtype=np.int64)),
-            _tensor(protocol.STATS_OUTPUT, protocol.as_object_array([""])),
+            _tensor(protocol.TEXT_OUTPUT, protocol.as_object_array([event.text]).reshape(*lead, 1)),
+            _tensor(protocol.TOKEN_IDS_OUTPUT, np.asarray(event.token_ids, dtype=np.int64).reshape(*lead, -1)),
+            _tensor(protocol.CONFIDENCES_OUTPUT, np.asarray(event.confidences, dtype=np.float32).reshape(*lead, -1)),
+            _tensor(protocol.FORWARD_PASS_OUTPUT, np.asarray([event.forward_pass], dtype=np.int64).reshape(*lead, 1)),
+            _tensor(protocol.STATS_OUTPUT, protocol.as_object_array([""]).reshape(*lead, 1)),
         ])
 
     def _final_response(self, accounting: protocol.StreamAccounting, payload: dict) -> pb_utils.InferenceResponse:
+        lead = self._lead()
         return pb_utils.InferenceResponse(output_tensors=[
-            _tensor(protocol.TEXT_OUTPUT, protocol.as_object_array([""])),
-            _tensor(protocol.TOKEN_IDS_OUTPUT, np.zeros(0, dtype=np.int64)),
-            _tensor(protocol.CONFIDENCES_OUTPUT, np.zeros(0, dtype=np.float32)),
-            _tensor(protocol.FORWARD_PASS_OUTPUT, np.asarray([accounting.forward_passes], dtype=np.int64)),
-            _tensor(protocol.STATS_OUTPUT, protocol.as_object_array([protocol.to_json(payload)])),
+            _tensor(protocol.TEXT_OUTPUT, protocol.as_object_array([""]).reshape(*lead, 1)),
+            _tensor(protocol.TOKEN_IDS_OUTPUT, np.zeros((*lead, 0), dtype=np.int64)),
+            _tensor(protocol.CONFIDENCES_OUTPUT, np.zeros((*lead, 0), dtype=np.float32)),
+            _tensor(protocol.FORWARD_PASS_OUTPUT, np.asarray([accounting.forward_passes], dtype=np.int64).reshape(*lead, 1)),
+            _tensor(protocol.STATS_OUTPUT, protocol.as_object_array([protocol.to_json(payload)]).reshape(*lead, 1)),
         ])
 
-    def _stream_one(self, request) -> None:
-        """Send one response per commit, then the stats with the final flag; stop early on cancel."""
-        sender = request.get_response_sender()
+    def _stream_batch(self, requests: list) -> None:
+        """Stream each request's commits as they happen, decoding equal-parameter requests together."""
         started = time.perf_counter()
-        decoder = self.default_decoder
-        try:
-            params, image, image_bytes = self._parse(request)
-            decoder = params.decoder
-        except (protocol.RequestError, InvalidPageError) as exc:
-            self.metrics.record_request(decoder, "invalid", time.perf_counter() - started)
-            sender.send(pb_utils.InferenceResponse(error=_error(str(exc), pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
-            return
-        except Exception as exc:
-            self._log_failure("reading the request failed", exc)
-            self.metrics.record_request(decoder, "error", time.perf_counter() - started)
-            sender.send(pb_utils.InferenceResponse(error=_error(f"reading the request failed: {exc}")), flags=FINAL)
-            return
+        parsed = self._parse_all(requests, started)
+        for request, entry in zip(requests, parsed, strict=True):
+            if not isinstance(entry, tuple):
+                request.get_response_sender().send(pb_utils.InferenceResponse(error=entry), flags=FINAL)
+        for group in self._groups(parsed):
+            self._stream_group([requests[i] for i in group], [parsed[i] for i in group], started)
 
-        accounting = protocol.StreamAccounting()
-        cancelled = False
-        text: list[str] = []
-        events = self.engine.stream([image], params)
+    def _stream_group(self, requests: list, parsed: list, started: float) -> None:
+        """One engine stream for the group; each page's final response goes out as soon as it ends.
+
+        A cancelled page stops receiving and is closed at once; the engine stops when every page
+        of the group is finished or cancelled (a cancelled page's row rides along until then).
+        """
+        params = parsed[0][0]
+        pages = [_StreamedPage(request.get_response_sender()) for request in requests]
+        open_pages = len(pages)
+        events = self.engine.stream([entry[1] for entry in parsed], params)
         try:
             for event in events:
-                if sender.is_cancelled():
-                    cancelled = True
+                page = pages[event.row]
+                if page.closed:
+                    continue
+                if page.sender.is_cancelled():
+                    self._close_cancelled(page, params, started)
+                else:
+                    page.accounting.add(event)
+                    page.text.append(event.text)
+                    if event.token_ids:  # forwards that only decided (block decoding) send nothing
+                        page.sender.send(self._commit_response(event))
+                    if event.finished or event.truncated:
+                        self._close_finished(page, params, parsed[event.row][2], started, len(pages))
+                open_pages -= page.closed
+                if not open_pages:
                     break
-                accounting.add(event)
-                text.append(event.text)
-                if event.token_ids:  # forwards that only decided (block decoding) send nothing
-                    sender.send(self._commit_response(event))
         except Exception as exc:
             self._log_failure("streamed decoding failed", exc)
-            self.metrics.record_request(decoder, "error", time.perf_counter() - started)
-            sender.send(pb_utils.InferenceResponse(error=_error(f"decoding failed: {type(exc).__name__}: {exc}")),
-                        flags=FINAL)
-            return
+            for page in pages:
+                if not page.closed:
+                    page.closed = True
+                    self.metrics.record_request(params.decoder, "error", time.perf_counter() - started)
+                    page.sender.send(pb_utils.InferenceResponse(
+                        error=_error(f"decoding failed: {type(exc).__name__}: {exc}")), flags=FINAL)
         finally:
-            events.close()  # stops the engine's loop: a cancelled page costs no more forwards
+            events.close()  # stops the engine's loop: cancelled pages cost no more forwards
+        for page in pages:  # the engine ended without a last event for a page (cannot happen; never hang)
+            if not page.closed:
+                self._close_finished(page, params, parsed[pages.index(page)][2], started, len(pages))
 
-        latency = time.perf_counter() - started
+    def _record_stream_decoding(self, page: _StreamedPage, decoder: str) -> None:
+        accounting = page.accounting
         self.metrics.record_decoding(
             decoder, new_tokens=accounting.new_tokens, forward_passes=accounting.forward_passes,
             accepted_lengths=accounting.accepted_lengths,
             mean_confidence=accounting.mean_confidence if accounting.new_tokens else None,
         )
-        if cancelled:
-            self.metrics.record_request(decoder, "cancelled", latency)
-            self.logger.log_info(f"{self.model_name}: request cancelled after {accounting.forward_passes} forwards")
-            try:  # the client may be gone already; the final flag still releases the request
-                sender.send(pb_utils.InferenceResponse(error=_error("request cancelled", pb_utils.TritonError.CANCELLED)),
-                            flags=FINAL)
-            except Exception as exc:
-                self.logger.log_warn(f"{self.model_name}: could not close a cancelled request: {exc}")
-            return
-        self.metrics.record_request(decoder, protocol.outcome_of(accounting.finished, accounting.truncated), latency)
-        self._record_served(image_bytes, decoder, "".join(text), accounting.new_tokens, accounting.forward_passes,
-                            accounting.confidence_sum, latency, accounting.truncated)
-        payload = accounting.as_dict(params, self.model_info, latency, cancelled=False)
-        sender.send(self._final_response(accounting, payload), flags=FINAL)
+
+    def _close_cancelled(self, page: _StreamedPage, params: DecodeParams, started: float) -> None:
+        page.closed = True
+        self._record_stream_decoding(page, params.decoder)
+        self.metrics.record_request(params.decoder, "cancelled", time.perf_counter() - started)
+        self.logger.log_info(f"{self.model_name}: request cancelled after {page.accounting.forward_passes} forwards")
+        try:  # the client may be gone already; the final flag still releases the request
+            page.sender.send(pb_utils.InferenceResponse(error=_error("request cancelled", pb_utils.TritonError.CANCELLED)),
+                             flags=FINAL)
+        except Exception as exc:
+            self.logger.log_warn(f"{self.model_name}: could not close a cancelled request: {exc}")
+
+    def _close_finished(self, page: _StreamedPage, params: DecodeParams, image_bytes: bytes, started: float,
+                        batch_size: int) -> None:
+        page.closed = True
+        latency = time.perf_counter() - started
+        accounting = page.accounting
+        self._record_stream_decoding(page, params.decoder)
+        self.metrics.record_request(params.decoder, protocol.outcome_of(accounting.finished, accounting.truncated), latency)
+        self._record_served(image_bytes, params.decoder, "".join(page.text), accounting.new_tokens,
+                            accounting.forward_passes, accounting.confidence_sum, latency, accounting.truncated)
+        payload = accounting.as_dict(params, self.model_info, latency, cancelled=False) | {"batch_size": batch_size}
+        page.sender.send(self._final_response(accounting, payload), flags=FINAL)
+
+
+@dataclass
+class _StreamedPage:
+    """One streamed request inside a decoding group."""
+
+    sender: object
+    accounting: protocol.StreamAccounting = field(default_factory=protocol.StreamAccounting)
+    text: list[str] = field(default_factory=list)
+    closed: bool = False

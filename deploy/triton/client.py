@@ -92,6 +92,11 @@ def request_values(image: bytes | str | Path | Image.Image, **options: Any) -> d
     return values
 
 
+def _with_batch_dim(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A batching model (``max_batch_size`` > 0) takes each request as a batch of one page."""
+    return {name: array[None, ...] for name, array in values.items()}
+
+
 def _inputs(module, values: dict[str, np.ndarray]) -> list:
     inputs = []
     for name, array in values.items():
@@ -158,8 +163,8 @@ class TranscriptionStream:
             elif response.outputs:
                 chunk = StreamChunk(
                     text=result.as_numpy(protocol.TEXT_OUTPUT).reshape(-1)[0].decode("utf-8"),
-                    token_ids=result.as_numpy(protocol.TOKEN_IDS_OUTPUT).tolist(),
-                    confidences=result.as_numpy(protocol.CONFIDENCES_OUTPUT).tolist(),
+                    token_ids=result.as_numpy(protocol.TOKEN_IDS_OUTPUT).reshape(-1).tolist(),
+                    confidences=result.as_numpy(protocol.CONFIDENCES_OUTPUT).reshape(-1).tolist(),
                     forward_pass=int(result.as_numpy(protocol.FORWARD_PASS_OUTPUT).reshape(-1)[0]),
                 )
                 self.chunks.append(chunk)
@@ -194,7 +199,7 @@ class DocMarkupClient:
         self.model = model
         self.stream_model = stream_model
         self.timeout_s = timeout_s
-        self._batched: bool | None = None  # whether self.model takes a leading batch dimension
+        self._batched: dict[str, bool] = {}  # model -> takes a leading batch dimension (from its config)
 
     def _http(self) -> httpclient.InferenceServerClient:
         return httpclient.InferenceServerClient(self.http_url, connection_timeout=10.0, network_timeout=self.timeout_s)
@@ -220,10 +225,9 @@ class DocMarkupClient:
         outputs = [httpclient.InferRequestedOutput(name, binary_data=True)
                    for name in (protocol.TEXT_OUTPUT, protocol.TOKEN_IDS_OUTPUT, protocol.STATS_OUTPUT)]
         try:
-            if self._batched is None:  # a batching model wants [1, ...] inputs: ask its config once
-                self._batched = int(client.get_model_config(self.model).get("max_batch_size", 0)) > 0
-            if self._batched:
-                values = {name: array[None, ...] for name, array in values.items()}
+            if self.model not in self._batched:
+                self._batched[self.model] = int(client.get_model_config(self.model).get("max_batch_size", 0)) > 0
+            values = _with_batch_dim(values) if self._batched[self.model] else values
             result = client.infer(self.model, _inputs(httpclient, values), outputs=outputs)
         except InferenceServerException as exc:
             _raise_for(exc, self.http_url)
@@ -244,4 +248,12 @@ class DocMarkupClient:
         """
         values = request_values(image, **options)
         client = grpcclient.InferenceServerClient(self.grpc_url)
+        if self.stream_model not in self._batched:
+            try:
+                config = client.get_model_config(self.stream_model, as_json=True)["config"]
+            except InferenceServerException as exc:
+                client.close()
+                _raise_for(exc, self.grpc_url)
+            self._batched[self.stream_model] = int(config.get("max_batch_size", 0)) > 0
+        values = _with_batch_dim(values) if self._batched[self.stream_model] else values
         return TranscriptionStream(client, self.stream_model, values, self.timeout_s, self.grpc_url)

@@ -82,7 +82,7 @@ def materialize_repository(
 
     ``model_uri`` is an MLflow URI (``models:/docmarkup@champion``) or a local model folder
     (made absolute, since the server's working directory may differ). ``max_batch_size`` caps
-    how many concurrent ``docmarkup`` requests one execute decodes together (0: no batching).
+    how many concurrent requests one execute of either model decodes together (0: no batching).
     Returns ``destination``.
     """
     if default_decoder not in DECODERS:
@@ -119,9 +119,7 @@ def materialize_repository(
         text, count = _INSTANCE_COUNT.subn(rf"\g<1>{instance_count}", text)
         if count != 1:
             raise RuntimeError(f"template {config} has no KIND_CPU instance_group to size")
-        if model == MODEL_NAME:
-            text = set_max_batch_size(text, max_batch_size)
-        config.write_text(text)
+        config.write_text(set_max_batch_size(text, max_batch_size))
     # Swap in the new repository whole, so a server never reads a half-written one.
     shutil.rmtree(destination, ignore_errors=True)
     staging.rename(destination)

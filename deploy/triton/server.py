@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
     parser.add_argument("--max-batch-size", type=int, default=8,
-                        help="concurrent docmarkup requests decoded together (0: no batching)")
+                        help="concurrent requests decoded together per model (0: no batching)")
     args = parser.parse_args(argv)
     ports = TritonPorts(args.http_port, args.grpc_port, args.metrics_port)
     repository = TRITON_VAR / args.name / "model_repository"
