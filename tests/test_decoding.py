@@ -259,3 +259,20 @@ def test_text_model_never_gets_flash_attention_because_decode_masks_are_arbitrar
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert docvlm.attention_implementations("flash_attention_2") == ("sdpa", "sdpa")
     assert docvlm.attention_implementations("eager") == ("eager", "eager")
+
+
+@pytest.mark.parametrize("decoder", ["ar", "sdb", "block"])
+def test_a_cancelled_stream_row_leaves_the_batch_and_the_others_finish(tokenizer, decoder):
+    engine, oracle, targets = _oracle_engine(tokenizer, [30, 30, 12], horizon=2)
+    dropped: set[int] = set()
+    events_per_row = {0: 0, 1: 0, 2: 0}
+    tokens = {0: [], 1: [], 2: []}
+    for event in engine.stream(_pages(3), DecodeParams(decoder=decoder, window=4, block_length=8, threshold=0.5),
+                               cancelled=lambda row: row in dropped):
+        events_per_row[event.row] += 1
+        tokens[event.row].extend(event.token_ids)
+        if event.row == 1 and events_per_row[1] == 2:
+            dropped.add(1)  # the client of page 1 went away after its second forward
+    assert events_per_row[1] == 2  # no event (and no forward) for it after the cancel
+    assert tokens[0] == targets[0][1:] and tokens[2] == targets[2][1:]
+    assert oracle.forward_calls == events_per_row[0]  # the longest remaining page set the number of forwards

@@ -11,7 +11,7 @@ position limit, streaming of committed text, and speed accounting.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -74,9 +74,16 @@ class DecodingEngine:
             pass
         return [self._result(rows[i]) for i in range(len(images))]
 
-    def stream(self, images: list[Image.Image], params: DecodeParams | None = None) -> Iterator[CommitEvent]:
-        """Yield one event per row per forward. Closing the iterator cancels the remaining work."""
-        return self._run(images, params or DecodeParams(), {})
+    def stream(
+        self, images: list[Image.Image], params: DecodeParams | None = None,
+        cancelled: Callable[[int], bool] | None = None,
+    ) -> Iterator[CommitEvent]:
+        """Yield one event per row per forward. Closing the iterator cancels the remaining work.
+
+        ``cancelled(row)`` is asked after every forward; a row it answers True for leaves the
+        batch at once (no more forwards, no more events), the others go on.
+        """
+        return self._run(images, params or DecodeParams(), {}, cancelled)
 
     # ------------------------------------------------------------------------------------
     def _result(self, row: RowState) -> DecodeResult:
@@ -86,7 +93,10 @@ class DecodingEngine:
             stats=row.stats, confidences=row.confidences, finished=row.finished, truncated=row.truncated,
         )
 
-    def _run(self, images: list[Image.Image], params: DecodeParams, rows: dict[int, RowState]) -> Iterator[CommitEvent]:
+    def _run(
+        self, images: list[Image.Image], params: DecodeParams, rows: dict[int, RowState],
+        cancelled: Callable[[int], bool] | None = None,
+    ) -> Iterator[CommitEvent]:
         if not images:
             raise ValueError("decode needs at least one page image")
         for i, image in enumerate(images):
@@ -144,6 +154,9 @@ class DecodingEngine:
 
             slot_valid = torch.cat([slot_valid, new_valid.to(device)], dim=1)
             cache, slot_valid = self._crop_unused(cache, slot_valid)
+            if cancelled is not None:
+                for row in active:
+                    row.cancelled = row.cancelled or (not row.done and cancelled(row.row))
             if any(row.done for row in active):
                 keep = [i for i, row in enumerate(active) if not row.done]
                 active = [active[i] for i in keep]

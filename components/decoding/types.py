@@ -130,6 +130,7 @@ class RowState:
     block_confidences: list[float] = field(default_factory=list)
     finished: bool = False
     truncated: bool = False
+    cancelled: bool = False  # the consumer of a stream dropped this page
     stats: DecodeStats = field(default_factory=DecodeStats)
     emitted_text: str = ""
 
@@ -143,4 +144,4 @@ class RowState:
 
     @property
     def done(self) -> bool:
-        return self.finished or self.truncated
+        return self.finished or self.truncated or self.cancelled

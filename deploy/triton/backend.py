@@ -249,13 +249,13 @@ class TritonPythonModel:
     def _stream_group(self, requests: list, parsed: list, started: float) -> None:
         """One engine stream for the group; each page's final response goes out as soon as it ends.
 
-        A cancelled page stops receiving and is closed at once; the engine stops when every page
-        of the group is finished or cancelled (a cancelled page's row rides along until then).
+        A cancelled page is closed at once and its row leaves the engine's batch (no more
+        forwards for it); the others go on.
         """
         params = parsed[0][0]
         pages = [_StreamedPage(request.get_response_sender()) for request in requests]
         open_pages = len(pages)
-        events = self.engine.stream([entry[1] for entry in parsed], params)
+        events = self.engine.stream([entry[1] for entry in parsed], params, cancelled=lambda row: pages[row].closed)
         try:
             for event in events:
                 page = pages[event.row]
