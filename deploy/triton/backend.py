@@ -244,7 +244,15 @@ class TritonPythonModel:
             if not isinstance(entry, tuple):
                 request.get_response_sender().send(pb_utils.InferenceResponse(error=entry), flags=FINAL)
         for group in self._groups(parsed):
-            self._stream_group([requests[i] for i in group], [parsed[i] for i in group], started)
+            group_requests = [requests[i] for i in group]
+            try:
+                self._stream_group(group_requests, [parsed[i] for i in group], started)
+            except Exception as exc:  # one group's failure must not leave the others' streams open
+                self._log_failure("streaming a batch failed", exc)
+                for request in group_requests:
+                    with suppress(Exception):  # pages already closed refuse a second final
+                        request.get_response_sender().send(
+                            pb_utils.InferenceResponse(error=_error(f"internal error: {exc}")), flags=FINAL)
 
     def _stream_group(self, requests: list, parsed: list, started: float) -> None:
         """One engine stream for the group; each page's final response goes out as soon as it ends.
@@ -283,9 +291,9 @@ class TritonPythonModel:
                         error=_error(f"decoding failed: {type(exc).__name__}: {exc}")), flags=FINAL)
         finally:
             events.close()  # stops the engine's loop: cancelled pages cost no more forwards
-        for page in pages:  # the engine ended without a last event for a page (cannot happen; never hang)
+        for page, entry in zip(pages, parsed, strict=True):  # no last event for a page: close it, never hang
             if not page.closed:
-                self._close_finished(page, params, parsed[pages.index(page)][2], started, len(pages))
+                self._close_finished(page, params, entry[2], started, len(pages))
 
     def _record_stream_decoding(self, page: _StreamedPage, decoder: str) -> None:
         accounting = page.accounting
