@@ -8,6 +8,8 @@ and ``decoder`` (ar / sdb / block / ppc) labels, so dashboards compare decoders 
 - ``docmarkup_tokens_per_forward``       histogram, per request: new tokens / forward passes;
 - ``docmarkup_acceptance_length``        histogram, per forward pass: tokens committed by it;
 - ``docmarkup_mean_confidence``          histogram, per request: mean confidence of committed tokens;
+- ``docmarkup_batch_pages``               histogram, per engine batch: pages decoded together
+  (dynamic batching; requests with equal decoding parameters share a batch);
 - ``docmarkup_requests_total``           counter, by ``outcome`` (ok, truncated, invalid, cancelled, error);
 - ``docmarkup_generated_tokens_total`` / ``docmarkup_forward_passes_total``  counters.
 
@@ -49,12 +51,16 @@ MEAN_CONFIDENCE = MetricSpec(
     "docmarkup_mean_confidence", "Mean model confidence of the committed tokens, one observation per request.",
     "histogram", (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.999, 1.0),
 )
+BATCH_PAGES = MetricSpec(
+    "docmarkup_batch_pages", "Pages decoded together in one engine batch, one observation per batch.", "histogram",
+    (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0),
+)
 REQUESTS = MetricSpec("docmarkup_requests_total", "Page requests handled, by outcome.", "counter")
 GENERATED_TOKENS = MetricSpec("docmarkup_generated_tokens_total", "Tokens generated.", "counter")
 FORWARD_PASSES = MetricSpec("docmarkup_forward_passes_total", "Decoder forward passes run.", "counter")
 
-ALL_METRICS = (REQUEST_LATENCY, TOKENS_PER_FORWARD, ACCEPTANCE_LENGTH, MEAN_CONFIDENCE, REQUESTS, GENERATED_TOKENS,
-               FORWARD_PASSES)
+ALL_METRICS = (REQUEST_LATENCY, TOKENS_PER_FORWARD, ACCEPTANCE_LENGTH, MEAN_CONFIDENCE, BATCH_PAGES, REQUESTS,
+               GENERATED_TOKENS, FORWARD_PASSES)
 OUTCOMES = ("ok", "truncated", "invalid", "cancelled", "error")
 
 
@@ -106,6 +112,9 @@ class BackendMetrics:
             acceptance.observe(float(length))
         if mean_confidence is not None:
             self._metric(MEAN_CONFIDENCE, decoder=decoder).observe(float(mean_confidence))
+
+    def record_batch(self, decoder: str, pages: int) -> None:
+        self._metric(BATCH_PAGES, decoder=decoder).observe(float(pages))
 
     def close(self) -> None:
         """Drop metrics before their families (Triton refuses the other order)."""

@@ -211,6 +211,10 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_page(triton, clie
 
     assert delta("nv_inference_request_success") == len(requests)
     assert delta("nv_inference_exec_count") < len(requests)  # Triton grouped them into fewer executions
+    batches = {decoder: (sample_value(after, "docmarkup_batch_pages_sum", model="docmarkup", decoder=decoder) or 0.0)
+               - (sample_value(before, "docmarkup_batch_pages_sum", model="docmarkup", decoder=decoder) or 0.0)
+               for decoder in ("ar", "sdb")}
+    assert batches == {"ar": 3, "sdb": 3}  # every decoded page was counted in exactly one engine batch
 
 
 def test_concurrent_streams_share_a_batch_and_a_cancelled_one_leaves_the_others_intact(triton, client, registry):

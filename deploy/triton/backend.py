@@ -180,6 +180,7 @@ class TritonPythonModel:
         responses = [None if isinstance(entry, tuple) else pb_utils.InferenceResponse(error=entry) for entry in parsed]
         for group in self._groups(parsed):
             params = parsed[group[0]][0]
+            self.metrics.record_batch(params.decoder, len(group))
             try:
                 results = self.engine.generate([parsed[i][1] for i in group], params)
             except Exception as exc:
@@ -261,6 +262,7 @@ class TritonPythonModel:
         forwards for it); the others go on.
         """
         params = parsed[0][0]
+        self.metrics.record_batch(params.decoder, len(requests))
         pages = [_StreamedPage(request.get_response_sender()) for request in requests]
         open_pages = len(pages)
         events = self.engine.stream([entry[1] for entry in parsed], params, cancelled=lambda row: pages[row].closed)
