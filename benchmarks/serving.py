@@ -15,7 +15,6 @@ import argparse
 import io
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.decoding import benchmark_pages, resolve_model
@@ -28,9 +27,7 @@ def send_pages(client: DocMarkupClient, pages: list[bytes], decoder: str, max_ne
                concurrency: int) -> tuple[float, list[Transcription]]:
     """Wall seconds and results of transcribing ``pages`` with ``concurrency`` requests in flight."""
     started = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda page: client.transcribe(page, decoder=decoder, max_new_tokens=max_new_tokens),
-                                pages))
+    results = client.transcribe_many(pages, concurrency=concurrency, decoder=decoder, max_new_tokens=max_new_tokens)
     return time.perf_counter() - started, results
 
 

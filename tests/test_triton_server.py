@@ -217,6 +217,16 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_page(triton, clie
     assert batches == {"ar": 3, "sdb": 3}  # every decoded page was counted in exactly one engine batch
 
 
+def test_transcribe_many_keeps_order_and_reports_a_bad_page_in_its_place(client, page):
+    pages = [page, b"not an image", png(generate_page(51)[1])]
+    results = client.transcribe_many(pages, return_exceptions=True, decoder="sdb", max_new_tokens=MAX_TOKENS)
+    assert isinstance(results[1], TranscriptionError) and "corrupt or not an image" in str(results[1])
+    for image, result in zip(pages[::2], results[::2], strict=True):
+        assert result.token_ids == client.transcribe(image, decoder="sdb", max_new_tokens=MAX_TOKENS).token_ids
+    with pytest.raises(TranscriptionError, match="corrupt or not an image"):
+        client.transcribe_many(pages, decoder="sdb", max_new_tokens=MAX_TOKENS)
+
+
 def test_concurrent_streams_share_a_batch_and_a_cancelled_one_leaves_the_others_intact(triton, client, registry):
     pages = [png(generate_page(seed)[1]) for seed in (41, 42, 43)]
     requests = [(pages[0], "ar", False), (pages[1], "ar", True), (pages[2], "ar", False), (pages[2], "sdb", False)]

@@ -9,6 +9,8 @@
             print(chunk.text, end="")
     print(stream.stats)                 # filled in by the final response
 
+    pages = client.transcribe_many(png_pages, decoder="sdb")   # in flight together: Triton batches them
+
 Leaving the ``with`` block (or calling ``stream.cancel()``) before the end cancels the request
 on the server, which stops decoding that page.
 """
@@ -19,7 +21,8 @@ import io
 import json
 import queue
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,6 +243,30 @@ class DocMarkupClient:
             token_ids=result.as_numpy(protocol.TOKEN_IDS_OUTPUT).reshape(-1).tolist(),
             stats=json.loads(result.as_numpy(protocol.STATS_OUTPUT).reshape(-1)[0]),
         )
+
+    def transcribe_many(self, images: Sequence[bytes | str | Path | Image.Image], *, concurrency: int = 8,
+                        return_exceptions: bool = False, **options: Any) -> list[Transcription | Exception]:
+        """Decode many pages with up to ``concurrency`` requests in flight, results in input order.
+
+        Requests in flight together are batched by the server (one forward per step for all of
+        them). Every page is attempted; with ``return_exceptions`` a failed page's error stands
+        in its place, otherwise the first error is raised once all pages are done.
+        """
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+
+        def attempt(image: bytes | str | Path | Image.Image) -> Transcription | Exception:
+            try:
+                return self.transcribe(image, **options)
+            except (TranscriptionError, TritonUnavailableError) as exc:
+                return exc
+
+        with ThreadPoolExecutor(max_workers=min(concurrency, max(1, len(images)))) as pool:
+            results = list(pool.map(attempt, images))
+        failures = [result for result in results if isinstance(result, Exception)]
+        if failures and not return_exceptions:
+            raise failures[0]
+        return results
 
     def stream_transcribe(self, image: bytes | str | Path | Image.Image, **options: Any) -> TranscriptionStream:
         """Decode one page over gRPC streaming; iterate the result for committed text chunks.
