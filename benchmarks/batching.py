@@ -10,13 +10,12 @@ once) and whether every page's tokens are the same either way, with ratios batch
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.decoding import benchmark_pages, resolve_model
+from benchmarks.decoding import benchmark_pages, resolve_model, write_report
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
 from components.services.process import VAR_DIR
@@ -71,9 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             "batched": {k: v for k, v in batched.items() if k != "outputs"},
             "throughput_ratio": throughput, "model_call_reduction": fewer_calls, "same_output_fraction": same,
         }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"\nJSON: {args.out}")
+    write_report(report, args.out)
     return 0
 
 

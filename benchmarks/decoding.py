@@ -55,6 +55,14 @@ def default_decoders(
     return [per_decoder[name] for name in ALL_DECODERS if name == "ar" or name in names]
 
 
+def write_report(report: dict, path: Path) -> Path:
+    """Write a benchmark's JSON report and say where it is."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    print(f"\nJSON: {path}")
+    return path
+
+
 def resolve_model(model: str | None) -> Path:
     if model:
         from components.registry.mlflow_registry import download_model

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import time
 from pathlib import Path
 
-from benchmarks.decoding import benchmark_pages, resolve_model
+from benchmarks.decoding import benchmark_pages, resolve_model, write_report
 from components.services.process import VAR_DIR
 from deploy.triton.client import DocMarkupClient, Transcription
 from deploy.triton.server import TritonPorts, start_triton
@@ -74,9 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             }
     finally:
         server.stop()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"\nJSON: {args.out}")
+    write_report(report, args.out)
     return 0
 
 
