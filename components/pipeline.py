@@ -112,6 +112,12 @@ class DeploySection(_Strict):
     grpc_port: int = 8001
     metrics_port: int = 8002
     smoke_pages: int = Field(4, ge=0)
+    # How the Triton models serve (deploy/triton/repository.py): torch device of the backend
+    # ("cuda" on GPU nodes), model instances, requests decoded together, torch threads per instance.
+    device: str = "cpu"
+    instance_count: int = Field(1, ge=1)
+    max_batch_size: int = Field(8, ge=0)
+    torch_threads: int = Field(1, ge=0)
 
 
 class MonitoringSection(_Strict):

@@ -25,6 +25,13 @@ def model_uri(cfg: PipelineConfig) -> str:
     return cfg.deploy.model_uri or f"models:/{cfg.evaluation.model_name}@champion"
 
 
+def repository_options(cfg: PipelineConfig) -> dict:
+    """The deploy section's serving settings, as ``materialize_repository`` keyword arguments."""
+    section = cfg.deploy
+    return {"device": section.device, "instance_count": section.instance_count,
+            "max_batch_size": section.max_batch_size, "torch_threads": section.torch_threads}
+
+
 def ensure_serving(cfg: PipelineConfig) -> TritonServer:
     """Start Triton on the champion, or make a running one reload it (the alias may have moved)."""
     ports = TritonPorts(cfg.deploy.http_port, cfg.deploy.grpc_port, cfg.deploy.metrics_port)
@@ -35,7 +42,7 @@ def ensure_serving(cfg: PipelineConfig) -> TritonServer:
             server.reload_models()
             return server
     return start_triton(model_uri(cfg), ports=ports, name=SERVICE_NAME, tracking_uri=default_tracking_uri(),
-                        request_log_dir=DEFAULT_LOG_DIR)
+                        request_log_dir=DEFAULT_LOG_DIR, **repository_options(cfg))
 
 
 def smoke_test(cfg: PipelineConfig, server: TritonServer) -> dict:

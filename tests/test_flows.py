@@ -50,6 +50,21 @@ def test_pipeline_config_rejects_unknown_keys_and_stages(tmp_path):
         load_pipeline_config(tmp_path / "missing.yaml")
 
 
+def test_deploy_section_sets_how_the_triton_models_serve(tmp_path):
+    from deploy.triton.repository import MODEL_NAMES, materialize_repository, read_parameters
+    from deploy.workflow import repository_options
+
+    cfg = load_pipeline_config("configs/pipeline/default.yaml",
+                               {"deploy.instance_count": 2, "deploy.max_batch_size": 0, "deploy.device": "cuda"})
+    repository = materialize_repository("models:/m@champion", tmp_path / "repo", **repository_options(cfg))
+    for model in MODEL_NAMES:
+        text = (repository / model / "config.pbtxt").read_text()
+        assert "count: 2" in text and "max_batch_size: 0" in text and "dynamic_batching" not in text
+        assert read_parameters(text)["device"] == "cuda"
+    with pytest.raises(PipelineConfigError, match="max_batch_size"):
+        load_pipeline_config("configs/pipeline/default.yaml", {"deploy.max_batch_size": -1})
+
+
 @pytest.mark.slow
 def test_curate_flow_ingests_preannotates_splits_and_versions(prefect_api, tmp_path):
     from flows.curate import curate
