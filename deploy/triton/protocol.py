@@ -6,13 +6,13 @@ choosing the decoder per request: ``DECODER`` (BYTES: ar | sdb | block | ppc), `
 ``TEMPERATURE`` (FP32), ``TOP_K`` (INT32), ``SEED`` (INT64). Anything omitted takes the :class:`DecodeParams`
 default (the decoder default comes from the model config).
 
-Response (``docmarkup``): ``TEXT``, ``TOKEN_IDS``, ``STATS`` (JSON). ``docmarkup`` is batched
-(``max_batch_size`` > 0, dynamic batching): each request is one page with a leading batch
-dimension of 1 on every input and output, and Triton groups concurrent requests into one
-``execute``; the backend decodes requests with the same parameters together
-(:func:`batch_groups`). Stream
+Response (``docmarkup``): ``TEXT``, ``TOKEN_IDS``, ``STATS`` (JSON). Stream
 (``docmarkup_stream``): per commit ``TEXT`` (the new text only), ``TOKEN_IDS``, ``CONFIDENCES``,
 ``FORWARD_PASS``; the final response carries ``STATS`` (non-empty JSON) and Triton's final flag.
+
+Both models batch dynamically (``max_batch_size`` > 0): each request is one page with a leading
+batch dimension of 1 on every input and output, Triton groups concurrent requests into one
+``execute``, and the backend decodes those with equal parameters together (:func:`batch_groups`).
 """
 
 from __future__ import annotations
