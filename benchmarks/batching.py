@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.decoding import benchmark_pages, resolve_model, write_report
+from benchmarks.decoding import benchmark_pages, decoder_names, resolve_model, write_report
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
 from components.services.process import VAR_DIR
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"model": str(model_dir), "pages": len(images), "batch_size": args.batch_size, "decoders": {}}
     print(f"model: {model_dir}\npages: {len(images)}, batch size {args.batch_size} vs 1, {args.threads} thread(s)\n")
     print(f"{'decoder':8} {'batch':>5} {'wall s':>8} {'pages/s':>8} {'calls':>7} {'pages/s x':>9} {'calls x':>8} {'same':>5}")
-    for name in (n.strip() for n in args.decoders.split(",") if n.strip()):
+    for name in decoder_names(args.decoders):
         params = DecodeParams(decoder=name, max_new_tokens=args.max_new_tokens)
         single = decode_in_batches(engine, images, params, 1)
         batched = decode_in_batches(engine, images, params, args.batch_size)

@@ -19,7 +19,7 @@ import torch
 from components.data.pages import PageDataset
 from components.data.synthetic import SyntheticConfig, generate_dataset
 from components.decoding.engine import DecodingEngine
-from components.decoding.types import DecodeParams
+from components.decoding.types import DECODERS, DecodeParams
 from components.evaluation.evaluate import evaluate_decoders
 from components.services.process import VAR_DIR
 
@@ -35,16 +35,19 @@ def benchmark_pages(n_pages: int, root: Path | None = None) -> PageDataset:
     return dataset
 
 
-ALL_DECODERS = ("ar", "sdb", "block", "ppc")
+def decoder_names(text: str) -> tuple[str, ...]:
+    """The decoders of a comma-separated ``--decoders`` value; unknown names are an error."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = set(names) - set(DECODERS)
+    if unknown:
+        raise ValueError(f"unknown decoders {sorted(unknown)}; choose from {', '.join(DECODERS)}")
+    return names
 
 
 def default_decoders(
-    max_new_tokens: int, window: int, threshold: float, block_length: int, span: int, names: tuple[str, ...] = ALL_DECODERS
+    max_new_tokens: int, window: int, threshold: float, block_length: int, span: int, names: tuple[str, ...] = DECODERS
 ) -> list[DecodeParams]:
     """AR first (every ratio is against it), then the requested parallel decoders."""
-    unknown = set(names) - set(ALL_DECODERS)
-    if unknown:
-        raise ValueError(f"unknown decoders {sorted(unknown)}; choose from {', '.join(ALL_DECODERS)}")
     common = {"max_new_tokens": max_new_tokens, "threshold": threshold}
     per_decoder = {
         "ar": DecodeParams(decoder="ar", **common),
@@ -52,7 +55,7 @@ def default_decoders(
         "block": DecodeParams(decoder="block", block_length=block_length, **common),
         "ppc": DecodeParams(decoder="ppc", span=span, **common),
     }
-    return [per_decoder[name] for name in ALL_DECODERS if name == "ar" or name in names]
+    return [per_decoder[name] for name in DECODERS if name == "ar" or name in names]
 
 
 def write_report(report: dict, path: Path) -> Path:
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=0.95)
     parser.add_argument("--block-length", type=int, default=32)
     parser.add_argument("--span", type=int, default=16)
-    parser.add_argument("--decoders", default=",".join(ALL_DECODERS),
+    parser.add_argument("--decoders", default=",".join(DECODERS),
                         help="comma-separated subset of %(default)s; AR always runs as the baseline")
     parser.add_argument("--threads", type=int, default=max(1, min(2, torch.get_num_threads())))
     parser.add_argument("--out", type=Path, default=VAR_DIR / "bench" / "decoding.json")
@@ -99,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = resolve_model(args.model)
     engine = DecodingEngine.from_pretrained(model_dir)
     dataset = benchmark_pages(args.pages)
-    names = tuple(name.strip() for name in args.decoders.split(",") if name.strip())
-    decoders = default_decoders(args.max_new_tokens, args.window, args.threshold, args.block_length, args.span, names)
+    decoders = default_decoders(args.max_new_tokens, args.window, args.threshold, args.block_length, args.span,
+                                decoder_names(args.decoders))
     report = evaluate_decoders(engine, dataset, decoders)
     print(f"model: {model_dir}\npages: {report.n_pages} held-out synthetic pages, batch size 1, {args.threads} threads\n")
     print(report.table())
@@ -113,10 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("block", "ppc"):
         if name in ratios:
             print(f"{name}: overall {ratios[name]['overall_delta']:+.2f} points vs AR at {ratios[name]['tps_speedup']:.2f}x tokens/s")
-    path = report.write_json(args.out)
-    print(f"\nJSON: {path}")
-    summary = {"model": str(model_dir), **report.as_dict()}
-    path.write_text(json.dumps(summary, indent=2))
+    write_report({"model": str(model_dir), **report.as_dict()}, args.out)
     return 0
 
 

@@ -12,13 +12,12 @@ PID at the end.
 from __future__ import annotations
 
 import argparse
-import io
 import time
 from pathlib import Path
 
-from benchmarks.decoding import benchmark_pages, resolve_model, write_report
+from benchmarks.decoding import benchmark_pages, decoder_names, resolve_model, write_report
 from components.services.process import VAR_DIR
-from deploy.triton.client import DocMarkupClient, Transcription
+from deploy.triton.client import DocMarkupClient, Transcription, encode_image
 from deploy.triton.server import TritonPorts, start_triton
 
 
@@ -42,11 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = resolve_model(args.model)
     dataset = benchmark_pages(args.pages)
-    pages = []
-    for page in dataset.pages():
-        buffer = io.BytesIO()
-        dataset.load_image(page).save(buffer, format="PNG")
-        pages.append(buffer.getvalue())
+    pages = [encode_image(dataset.load_image(page)) for page in dataset.pages()]
     name = "triton-bench"  # logs stay in var/services/triton-bench; a second run while one is up is refused
     server = start_triton(str(model_dir), ports=TritonPorts.free(), name=name, max_batch_size=args.max_batch_size,
                           repository_dir=VAR_DIR / "bench" / name / "model_repository",
@@ -58,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model: {model_dir}\nTriton up in {server.startup_seconds:.1f}s; {len(pages)} pages, "
               f"max_batch_size {args.max_batch_size}\n")
         print(f"{'decoder':8} {'mode':11} {'wall s':>7} {'pages/s':>8} {'x':>6} {'batch sizes':>14} {'same':>5}")
-        for decoder in (d.strip() for d in args.decoders.split(",") if d.strip()):
+        for decoder in decoder_names(args.decoders):
             seq_wall, sequential = send_pages(client, pages, decoder, args.max_new_tokens, 1)
             con_wall, concurrent = send_pages(client, pages, decoder, args.max_new_tokens, len(pages))
             same = sum(a.token_ids == b.token_ids for a, b in zip(sequential, concurrent, strict=True)) / len(pages)

@@ -52,6 +52,11 @@ def png(image: Image.Image) -> bytes:
     return buffer.getvalue()
 
 
+def metric_delta(before, after, name: str, **labels: str) -> float:
+    """How much a scraped sample grew between two scrapes (absent counts as 0)."""
+    return (sample_value(after, name, **labels) or 0.0) - (sample_value(before, name, **labels) or 0.0)
+
+
 @pytest.fixture(scope="module")
 def registry(tokenizer, tmp_path_factory):
     """Two registered versions with different weights; ``champion`` points at version 2."""
@@ -206,13 +211,10 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_page(triton, clie
         assert answer.stats["params"]["decoder"] == decoder
     assert max(answer.stats["batch_size"] for answer in answers if not isinstance(answer, Exception)) > 1
 
-    def delta(name: str) -> float:
-        return (sample_value(after, name, **labels) or 0.0) - (sample_value(before, name, **labels) or 0.0)
-
-    assert delta("nv_inference_request_success") == len(requests)
-    assert delta("nv_inference_exec_count") < len(requests)  # Triton grouped them into fewer executions
-    batches = {decoder: (sample_value(after, "docmarkup_batch_pages_sum", model="docmarkup", decoder=decoder) or 0.0)
-               - (sample_value(before, "docmarkup_batch_pages_sum", model="docmarkup", decoder=decoder) or 0.0)
+    assert metric_delta(before, after, "nv_inference_request_success", **labels) == len(requests)
+    # Triton grouped them into fewer executions.
+    assert metric_delta(before, after, "nv_inference_exec_count", **labels) < len(requests)
+    batches = {decoder: metric_delta(before, after, "docmarkup_batch_pages_sum", model="docmarkup", decoder=decoder)
                for decoder in ("ar", "sdb")}
     assert batches == {"ar": 3, "sdb": 3}  # every decoded page was counted in exactly one engine batch
 
@@ -256,9 +258,7 @@ def test_concurrent_streams_share_a_batch_and_a_cancelled_one_leaves_the_others_
         assert page_stream.stats["forward_passes"] == alone.stats.forward_passes
     assert max(s.stats["batch_size"] for s in streams if s.stats) > 1
     after = parse_samples(triton.metrics_text())
-    executions = (sample_value(after, "nv_inference_exec_count", **labels) or 0.0) - (
-        sample_value(before, "nv_inference_exec_count", **labels) or 0.0)
-    assert executions < len(requests)
+    assert metric_delta(before, after, "nv_inference_exec_count", **labels) < len(requests)
 
 
 def test_cancelling_a_stream_stops_decoding_on_the_server(triton, client, page):
@@ -273,14 +273,12 @@ def test_cancelling_a_stream_stops_decoding_on_the_server(triton, client, page):
     cancelled = 0.0
     while time.monotonic() < deadline:
         after = parse_samples(triton.metrics_text())
-        cancelled = (sample_value(after, "docmarkup_requests_total", outcome="cancelled", **labels) or 0.0) - (
-            sample_value(before, "docmarkup_requests_total", outcome="cancelled", **labels) or 0.0)
+        cancelled = metric_delta(before, after, "docmarkup_requests_total", outcome="cancelled", **labels)
         if cancelled:
             break
         time.sleep(0.5)
     assert cancelled == 1
-    forwards = (sample_value(after, "docmarkup_forward_passes_total", **labels) or 0.0) - (
-        sample_value(before, "docmarkup_forward_passes_total", **labels) or 0.0)
+    forwards = metric_delta(before, after, "docmarkup_forward_passes_total", **labels)
     assert 2 <= forwards < budget
     assert client.transcribe(page, max_new_tokens=4).text  # the instance is free again
 
@@ -290,7 +288,7 @@ def test_metrics_endpoint_has_backend_and_triton_metrics(triton, client, page):
     before = parse_samples(triton.metrics_text())
 
     def delta(after, name, **extra):
-        return (sample_value(after, name, **labels, **extra) or 0.0) - (sample_value(before, name, **labels, **extra) or 0.0)
+        return metric_delta(before, after, name, **labels, **extra)
 
     result = client.transcribe(page, decoder="ppc", span=4, max_new_tokens=12)
     after = parse_samples(triton.metrics_text())

@@ -27,7 +27,7 @@ import triton_python_backend_utils as pb_utils
 
 from components.data.pages import InvalidPageError, load_image
 from components.decoding.engine import DecodingEngine
-from components.decoding.types import CommitEvent, DecodeParams
+from components.decoding.types import CommitEvent, DecodeParams, DecodeStats
 from deploy.triton import protocol
 from deploy.triton.model_source import resolve_model
 from monitoring.backend_metrics import BackendMetrics
@@ -127,14 +127,24 @@ class TritonPythonModel:
         image_bytes = protocol.image_bytes_from_input(inputs[protocol.IMAGE_INPUT])
         return params, load_image(image_bytes), image_bytes
 
-    def _record_served(self, image_bytes: bytes, decoder: str, text: str, new_tokens: int, forward_passes: int,
-                       confidence_sum: float, latency: float, truncated: bool) -> None:
-        """Append the page to the production request log (drift checks, low-confidence feedback)."""
+    def _record_decoding(self, decoder: str, stats: DecodeStats | protocol.StreamAccounting) -> None:
+        """Acceleration metrics of one page (engine stats, or a stream's accounting of them)."""
+        self.metrics.record_decoding(
+            decoder, new_tokens=stats.new_tokens, forward_passes=stats.forward_passes,
+            accepted_lengths=stats.accepted_lengths, mean_confidence=stats.mean_confidence if stats.new_tokens else None,
+        )
+
+    def _record_answered(self, params: DecodeParams, stats: DecodeStats | protocol.StreamAccounting, *, text: str,
+                         finished: bool, truncated: bool, image_bytes: bytes, latency: float) -> None:
+        """Metrics and the production request log (drift checks, low-confidence feedback) of a page
+        answered in full."""
+        self._record_decoding(params.decoder, stats)
+        self.metrics.record_request(params.decoder, protocol.outcome_of(finished, truncated), latency)
         try:
             self.request_log.record(ServedPage(
-                page_id=RequestLog.page_id_for(image_bytes), decoder=decoder,
-                mean_confidence=confidence_sum / new_tokens if new_tokens else 0.0, new_tokens=new_tokens,
-                forward_passes=forward_passes, latency_s=latency, truncated=truncated, text=text,
+                page_id=RequestLog.page_id_for(image_bytes), decoder=params.decoder,
+                mean_confidence=stats.mean_confidence, new_tokens=stats.new_tokens,
+                forward_passes=stats.forward_passes, latency_s=latency, truncated=truncated, text=text,
                 model_version=str(self.model_info.get("version") or self.model_info.get("uri")),
             ), image_bytes)
         except OSError as exc:  # a full disk must not fail the request that was already answered
@@ -201,14 +211,8 @@ class TritonPythonModel:
 
     def _page_response(self, result, params: DecodeParams, image_bytes: bytes, latency: float,
                        batch_size: int) -> pb_utils.InferenceResponse:
-        stats = result.stats
-        self.metrics.record_decoding(
-            params.decoder, new_tokens=stats.new_tokens, forward_passes=stats.forward_passes,
-            accepted_lengths=stats.accepted_lengths, mean_confidence=stats.mean_confidence if stats.new_tokens else None,
-        )
-        self.metrics.record_request(params.decoder, protocol.outcome_of(result.finished, result.truncated), latency)
-        self._record_served(image_bytes, params.decoder, result.text, stats.new_tokens, stats.forward_passes,
-                            stats.confidence_sum, latency, result.truncated)
+        self._record_answered(params, result.stats, text=result.text, finished=result.finished,
+                              truncated=result.truncated, image_bytes=image_bytes, latency=latency)
         payload = protocol.result_stats(result, params, self.model_info, latency) | {"batch_size": batch_size}
         lead = self._lead()
         return pb_utils.InferenceResponse(output_tensors=[
@@ -264,7 +268,6 @@ class TritonPythonModel:
         params = parsed[0][0]
         self.metrics.record_batch(params.decoder, len(requests))
         pages = [_StreamedPage(request.get_response_sender()) for request in requests]
-        open_pages = len(pages)
         events = self.engine.stream([entry[1] for entry in parsed], params, cancelled=lambda row: pages[row].closed)
         try:
             for event in events:
@@ -280,8 +283,7 @@ class TritonPythonModel:
                         page.sender.send(self._commit_response(event))
                     if event.finished or event.truncated:
                         self._close_finished(page, params, parsed[event.row][2], started, len(pages))
-                open_pages -= page.closed
-                if not open_pages:
+                if all(other.closed for other in pages):
                     break
         except Exception as exc:
             self._log_failure("streamed decoding failed", exc)
@@ -297,17 +299,9 @@ class TritonPythonModel:
             if not page.closed:
                 self._close_finished(page, params, entry[2], started, len(pages))
 
-    def _record_stream_decoding(self, page: _StreamedPage, decoder: str) -> None:
-        accounting = page.accounting
-        self.metrics.record_decoding(
-            decoder, new_tokens=accounting.new_tokens, forward_passes=accounting.forward_passes,
-            accepted_lengths=accounting.accepted_lengths,
-            mean_confidence=accounting.mean_confidence if accounting.new_tokens else None,
-        )
-
     def _close_cancelled(self, page: _StreamedPage, params: DecodeParams, started: float) -> None:
         page.closed = True
-        self._record_stream_decoding(page, params.decoder)
+        self._record_decoding(params.decoder, page.accounting)
         self.metrics.record_request(params.decoder, "cancelled", time.perf_counter() - started)
         self.logger.log_info(f"{self.model_name}: request cancelled after {page.accounting.forward_passes} forwards")
         try:  # the client may be gone already; the final flag still releases the request
@@ -321,10 +315,8 @@ class TritonPythonModel:
         page.closed = True
         latency = time.perf_counter() - started
         accounting = page.accounting
-        self._record_stream_decoding(page, params.decoder)
-        self.metrics.record_request(params.decoder, protocol.outcome_of(accounting.finished, accounting.truncated), latency)
-        self._record_served(image_bytes, params.decoder, "".join(page.text), accounting.new_tokens,
-                            accounting.forward_passes, accounting.confidence_sum, latency, accounting.truncated)
+        self._record_answered(params, accounting, text="".join(page.text), finished=accounting.finished,
+                              truncated=accounting.truncated, image_bytes=image_bytes, latency=latency)
         payload = accounting.as_dict(params, self.model_info, latency, cancelled=False) | {"batch_size": batch_size}
         page.sender.send(self._final_response(accounting, payload), flags=FINAL)
 

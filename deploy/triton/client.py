@@ -21,7 +21,7 @@ import io
 import json
 import queue
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,11 +93,6 @@ def request_values(image: bytes | str | Path | Image.Image, **options: Any) -> d
         kind = _NUMPY_TYPES[protocol.INPUT_DATATYPES[name]]
         values[name] = np.array([value.encode() if isinstance(value, str) else value], dtype=kind)
     return values
-
-
-def _with_batch_dim(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A batching model (``max_batch_size`` > 0) takes each request as a batch of one page."""
-    return {name: array[None, ...] for name, array in values.items()}
 
 
 def _inputs(module, values: dict[str, np.ndarray]) -> list:
@@ -204,6 +199,13 @@ class DocMarkupClient:
         self.timeout_s = timeout_s
         self._batched: dict[str, bool] = {}  # model -> takes a leading batch dimension (from its config)
 
+    def _shaped(self, model: str, values: dict[str, np.ndarray], fetch_config: Callable[[], dict]) -> dict[str, np.ndarray]:
+        """``values`` as ``model`` takes them: a batching model (``max_batch_size`` > 0, read from its
+        config once per client) wants each request as a batch of one page."""
+        if model not in self._batched:
+            self._batched[model] = int(fetch_config().get("max_batch_size", 0)) > 0
+        return {name: array[None, ...] for name, array in values.items()} if self._batched[model] else values
+
     def _http(self) -> httpclient.InferenceServerClient:
         return httpclient.InferenceServerClient(self.http_url, connection_timeout=10.0, network_timeout=self.timeout_s)
 
@@ -228,9 +230,7 @@ class DocMarkupClient:
         outputs = [httpclient.InferRequestedOutput(name, binary_data=True)
                    for name in (protocol.TEXT_OUTPUT, protocol.TOKEN_IDS_OUTPUT, protocol.STATS_OUTPUT)]
         try:
-            if self.model not in self._batched:
-                self._batched[self.model] = int(client.get_model_config(self.model).get("max_batch_size", 0)) > 0
-            values = _with_batch_dim(values) if self._batched[self.model] else values
+            values = self._shaped(self.model, values, lambda: client.get_model_config(self.model))
             result = client.infer(self.model, _inputs(httpclient, values), outputs=outputs)
         except InferenceServerException as exc:
             _raise_for(exc, self.http_url)
@@ -275,12 +275,10 @@ class DocMarkupClient:
         """
         values = request_values(image, **options)
         client = grpcclient.InferenceServerClient(self.grpc_url)
-        if self.stream_model not in self._batched:
-            try:
-                config = client.get_model_config(self.stream_model, as_json=True)["config"]
-            except InferenceServerException as exc:
-                client.close()
-                _raise_for(exc, self.grpc_url)
-            self._batched[self.stream_model] = int(config.get("max_batch_size", 0)) > 0
-        values = _with_batch_dim(values) if self._batched[self.stream_model] else values
+        try:
+            values = self._shaped(self.stream_model, values,
+                                  lambda: client.get_model_config(self.stream_model, as_json=True)["config"])
+        except InferenceServerException as exc:
+            client.close()
+            _raise_for(exc, self.grpc_url)
         return TranscriptionStream(client, self.stream_model, values, self.timeout_s, self.grpc_url)
