@@ -84,7 +84,7 @@ def where_things_are(summary: dict) -> str:
         lines.append(f"Monitoring  drift: {'DRIFT' if drift.get('drifted') else 'none'}"
                      + ("" if drift.get("checked") else f" (not checked: {drift.get('reason')})")
                      + f"; {monitor_result['feedback'].get('queued', 0)} low-confidence pages sent to Label Studio")
-    lines += ["Stop services: ./run services stop", "=" * 78]
+    lines += ["Stop services: ./run services stop --all", "=" * 78]
     return "\n".join(lines)
 
 

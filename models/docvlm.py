@@ -9,6 +9,7 @@ AR, sliding-window and block-diffusion decoding alike.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Literal
 
@@ -46,6 +47,10 @@ class DocVLMConfig(PreTrainedConfig):
     vision_config: dict | PreTrainedConfig | None = None
     text_config: dict | PreTrainedConfig | None = None
     spatial_merge_size: int = 2
+    # "conv": stride-2 3x3 convolutions (channels per layer) before the ViT, whose patch
+    # embedding then runs on the stem's feature map; "patch": the ViT sees raw pixels.
+    vision_stem: Literal["patch", "conv"] = "patch"
+    stem_channels: list[int] | None = None
     ink_scale: float = 4.0  # pixels enter as ink intensity (paper 0, black ink_scale); see preprocess
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -56,16 +61,26 @@ class DocVLMConfig(PreTrainedConfig):
     tie_word_embeddings: bool = True
 
     @property
+    def stem_stride(self) -> int:
+        """Pixels per feature-map cell the ViT's patch embedding sees (1 without a conv stem)."""
+        return 2 ** len(self.stem_channels or []) if self.vision_stem == "conv" else 1
+
+    @property
+    def pixel_patch(self) -> int:
+        """Page pixels per ViT patch side."""
+        return self.vision_config.patch_size * self.stem_stride
+
+    @property
     def image_size(self) -> tuple[int, int]:
         """(height, width) every page is resized (and padded) to."""
         size = self.vision_config.image_size
-        return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+        height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+        return height * self.stem_stride, width * self.stem_stride
 
     @property
     def num_prefix_tokens(self) -> int:
-        patch = self.vision_config.patch_size
         height, width = self.image_size
-        merge = self.spatial_merge_size
+        patch, merge = self.pixel_patch, self.spatial_merge_size
         return (height // patch // merge) * (width // patch // merge)
 
 
@@ -82,6 +97,40 @@ def tiny_config(vocab_size: int, special_ids: dict[str, int], **overrides) -> Do
     )
     values = {"vision_config": vision, "text_config": text, **special_ids, **overrides}
     return DocVLMConfig(**values)
+
+
+def base_config(vocab_size: int, special_ids: dict[str, int], **overrides) -> DocVLMConfig:
+    """The shipped base model's shape (``models/pretrained``).
+
+    A convolutional stem (three stride-2 3x3 layers) feeds a 2-layer ViT whose 520 patches cover
+    16x16 page pixels each (under one text line of the ``tiny`` pages); 2x2 merging hands the
+    decoder 130 image tokens. Measured on 2 CPU cores against raw 16-pixel patches, the stem's
+    features are learned far sooner; merging to 130 tokens halves the step time against 520,
+    whose cost is mostly the decoder attending the prefix."""
+    vision = ViTConfig(
+        image_size=[52, 40], patch_size=2, num_channels=128, hidden_size=192, num_hidden_layers=2,
+        num_attention_heads=6, intermediate_size=512, qkv_bias=True,
+    )
+    text = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=4, intermediate_size=768, max_position_embeddings=2048,
+        tie_word_embeddings=True, rope_theta=10000.0,
+    )
+    values = {"vision_config": vision, "text_config": text, "vision_stem": "conv", "stem_channels": [32, 64, 128],
+              "spatial_merge_size": 2, **special_ids, **overrides}
+    return DocVLMConfig(**values)
+
+
+def conv_stem(config: DocVLMConfig) -> nn.Sequential:
+    """Stride-2 3x3 convolutions with GroupNorm and GELU, ending in the ViT's input channels."""
+    layers: list[nn.Module] = []
+    channels = [1, *config.stem_channels]
+    for c_in, c_out in itertools.pairwise(channels):
+        layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1), nn.GroupNorm(min(8, c_out), c_out), nn.GELU()]
+    if channels[-1] != config.vision_config.num_channels:
+        raise ValueError(f"stem ends in {channels[-1]} channels but vision_config.num_channels is "
+                         f"{config.vision_config.num_channels}")
+    return nn.Sequential(*layers)
 
 
 def best_attention_implementation(preferred: str = "sdpa") -> str:
@@ -121,6 +170,7 @@ class DocVLMForConditionalGeneration(PreTrainedModel):
         vision_attn, text_attn = attention_implementations(config.attn_implementation_preference)
         config.vision_config._attn_implementation = vision_attn
         config.text_config._attn_implementation = text_attn
+        self.stem = conv_stem(config) if config.vision_stem == "conv" else None
         self.vision = ViTModel(config.vision_config, add_pooling_layer=False)
         merged = config.vision_config.hidden_size * config.spatial_merge_size**2
         self.projector = nn.Sequential(
@@ -154,9 +204,12 @@ class DocVLMForConditionalGeneration(PreTrainedModel):
 
     def encode_images(self, pixel_values: torch.Tensor) -> PagePrefix:
         """Patch features, merged spatially and projected to the decoder's width."""
-        hidden = self.vision(pixel_values=pixel_values.to(self.dtype)).last_hidden_state[:, 1:]  # drop CLS
+        features = pixel_values.to(self.dtype)
+        if self.stem is not None:
+            features = self.stem(features)
+        hidden = self.vision(pixel_values=features).last_hidden_state[:, 1:]  # drop CLS
         batch, _, dim = hidden.shape
-        patch, merge = self.config.vision_config.patch_size, self.config.spatial_merge_size
+        patch, merge = self.config.pixel_patch, self.config.spatial_merge_size
         rows, cols = pixel_values.shape[-2] // patch, pixel_values.shape[-1] // patch
         grid = hidden.reshape(batch, rows // merge, merge, cols // merge, merge, dim)
         merged = grid.permute(0, 1, 3, 2, 4, 5).reshape(batch, (rows // merge) * (cols // merge), merge * merge * dim)
@@ -240,5 +293,5 @@ def count_parameters(model: nn.Module) -> int:
 def prefix_grid(config: DocVLMConfig) -> tuple[int, int]:
     """Rows and columns of merged image tokens (for reading layout off the prefix)."""
     height, width = config.image_size
-    step = config.vision_config.patch_size * config.spatial_merge_size
+    step = config.pixel_patch * config.spatial_merge_size
     return math.ceil(height / step), math.ceil(width / step)

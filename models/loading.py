@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from components.tokenizer import SPECIAL_TOKENS, load_tokenizer, special_token_ids
-from models.docvlm import DocVLMConfig, DocVLMForConditionalGeneration, tiny_config
+from models.docvlm import DocVLMConfig, DocVLMForConditionalGeneration, base_config, tiny_config
 from models.interface import MarkupLM
 
 QWEN2_VL_FAMILY = ("qwen2_vl", "qwen2_5_vl", "dots_ocr")
@@ -53,13 +53,19 @@ def load_markup_model(
     return model, tokenizer
 
 
-def new_tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, **overrides) -> DocVLMForConditionalGeneration:
-    """A freshly initialised CPU-sized model whose special ids match ``tokenizer``."""
+def new_tiny_model(
+    tokenizer: PreTrainedTokenizerFast, seed: int = 0, architecture: str = "tiny", **overrides
+) -> DocVLMForConditionalGeneration:
+    """A freshly initialised CPU-sized model whose special ids match ``tokenizer``
+    (``architecture``: ``tiny`` for tests, ``base`` for the shipped pretrained model)."""
+    builders = {"tiny": tiny_config, "base": base_config}
+    if architecture not in builders:
+        raise ModelLoadError(f"unknown DocVLM architecture {architecture!r}; choose one of {sorted(builders)}")
     missing = [t for t in SPECIAL_TOKENS if t not in tokenizer.get_vocab()]
     if missing:
         raise ModelLoadError(f"tokenizer lacks special tokens {missing}")
     torch.manual_seed(seed)
-    config: DocVLMConfig = tiny_config(len(tokenizer), special_token_ids(tokenizer), **overrides)
+    config: DocVLMConfig = builders[architecture](len(tokenizer), special_token_ids(tokenizer), **overrides)
     return DocVLMForConditionalGeneration(config).eval()
 
 

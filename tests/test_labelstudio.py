@@ -326,3 +326,37 @@ def test_broken_correction_is_reported_not_applied_not_lost(client, project_titl
     assert apply_corrections(dataset, [accepted]) == [page_id]
     assert {p.page_id: p for p in dataset.pages()}[page_id].markup == fixed
 
+
+
+def test_credentials_stay_off_command_lines_and_out_of_logs(label_studio):
+    """The admin password and API token reach Label Studio through its environment: no process of
+    the server's group shows them in its arguments (world-readable through ``ps``), the log
+    never holds them, and the service's log and state folder are private to their owner."""
+    import os
+    import stat
+    from pathlib import Path
+
+    from components.services.labelstudio import TEST_SERVICE_NAME, load_or_create_credentials
+    from components.services.process import VAR_DIR, ManagedService
+
+    credentials = load_or_create_credentials(TEST_SERVICE_NAME)
+    service = ManagedService(name=TEST_SERVICE_NAME, command=[], health=lambda: False)
+    group = service.pid()
+    assert group is not None
+    command_lines = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if os.getpgid(int(proc.name)) == group:
+                    command_lines.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except (ProcessLookupError, FileNotFoundError, PermissionError):
+                continue
+    assert command_lines and any("label-studio" in line for line in command_lines)
+    log = service.log_file.read_text()
+    for secret in (credentials.password, credentials.api_key):
+        assert all(secret not in line for line in command_lines)
+        assert secret not in log
+    assert stat.S_IMODE(service.log_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(service.pid_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE((VAR_DIR / "services" / TEST_SERVICE_NAME / "credentials.json").stat().st_mode) == 0o600
+    assert stat.S_IMODE(service.state_dir.stat().st_mode) == 0o700

@@ -118,6 +118,43 @@ def test_server_is_ready_with_both_models(triton, client):
         http.close()
 
 
+def test_model_control_needs_the_admin_key(triton, client):
+    """A load may carry a model.py override (code run inside the server): without the key every
+    model-control call is refused on both protocols and the served models stay up; with it, it works."""
+    import base64
+    import stat
+
+    import requests
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    base = f"http://{triton.http_url}/v2/repository"
+    override = {"parameters": {"config": "{}", "file:1/model.py": base64.b64encode(b"raise SystemExit(1)").decode()}}
+    for url, body in [(f"{base}/models/docmarkup/load", override), (f"{base}/models/docmarkup/unload", {}),
+                      (f"{base}/index", {})]:
+        refused = requests.post(url, json=body, headers={"Content-Type": "text/plain"}, timeout=30)
+        assert refused.status_code in (401, 403), (url, refused.status_code, refused.text)
+        wrong = requests.post(url, json=body, headers={"docmarkup-admin-key": "guess"}, timeout=30)
+        assert wrong.status_code in (401, 403), (url, wrong.status_code)
+    grpc = grpcclient.InferenceServerClient(triton.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException):
+            grpc.unload_model("docmarkup")
+        assert grpc.is_model_ready("docmarkup")
+        index = grpc.get_model_repository_index(headers=triton.admin_headers("grpc"), as_json=True)
+        assert {m["name"] for m in index["models"]} >= {"docmarkup", "docmarkup_stream"}
+    finally:
+        grpc.close()
+    allowed = requests.post(f"{base}/index", json={}, headers=triton.admin_headers(), timeout=30)
+    assert allowed.status_code == 200 and {m["name"] for m in allowed.json()} >= {"docmarkup", "docmarkup_stream"}
+    assert client.ready()
+    key_file = VAR_DIR / "services" / triton.name / "admin.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    log = triton.service.log_file
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    assert key_file.read_text().strip() not in log.read_text()
+
+
 def test_champion_alias_is_resolved_to_its_version(triton, client, registry, page):
     result = client.transcribe(page, decoder="ar", max_new_tokens=MAX_TOKENS)
     assert result.stats["model"]["registered_name"] == REGISTERED_NAME

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from components.data.pages import Page, PageDataset
+from components.data.seeds import seen_seeds, synthetic_seeds
 from components.decoding.engine import DecodingEngine, decode_stats_summary
 from components.decoding.types import DECODERS, DecodeParams, DecodeResult
 from components.metrics import aggregate_scores, score_page
@@ -121,6 +122,22 @@ def _same_output_fraction(ev: DecoderEvaluation, base: DecoderEvaluation) -> flo
     if not shared:
         return 0.0
     return sum(ev.outputs[pid] == base.outputs[pid] for pid in shared) / len(shared)
+
+
+class NotHeldOutError(ValueError):
+    """An evaluation set holding pages the model was trained on."""
+
+
+def assert_held_out(model_dir: str | Path, dataset: PageDataset) -> None:
+    """Refuse to score a model on synthetic pages whose seeds its training (or its base's) used."""
+    ranges = seen_seeds(model_dir)
+    if not ranges:
+        return
+    overlap = [seed for seed in synthetic_seeds(dataset.root) if any(lo <= seed <= hi for lo, hi in ranges)]
+    if overlap:
+        raise NotHeldOutError(
+            f"{len(overlap)} pages of {dataset.root} (seeds {overlap[:5]}...) were seen in training of {model_dir}; "
+            "evaluate on another seed (--seed) or page folder (--pages-dir)")
 
 
 def evaluate_decoder(

@@ -1,8 +1,10 @@
 """Start, stop and inspect the project's local services, all on 127.0.0.1 and stopped by PID.
 
     ./run services start labelstudio|triton|mlflow|prefect [...]
-    ./run services stop [name ...]          # no name: every service
-    ./run services status
+    ./run services stop name [...] | --all
+    ./run services status [name ...]
+
+Starting a service that already runs says so and succeeds.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ def _service(name: str) -> ManagedService:
 
 
 def start(name: str) -> str:
+    pid = _service(name).pid()
+    if pid is not None:
+        return f"{name} is already running (pid {pid})"
     if name == "labelstudio":
         from components.services.labelstudio import start_label_studio
 
@@ -69,10 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=["start", "stop", "status"])
     parser.add_argument("names", nargs="*", choices=[[], *SERVICES], default=[])
+    parser.add_argument("--all", action="store_true", help="every service (stop/status)")
     args = parser.parse_args(argv)
-    names = args.names or (list(SERVICES) if args.action != "start" else [])
-    if args.action == "start" and not names:
-        parser.error(f"name the services to start: {', '.join(SERVICES)}")
+    names = list(SERVICES) if args.all or (args.action == "status" and not args.names) else args.names
+    if args.all and args.action == "start":
+        parser.error("start takes service names, not --all")
+    if not names:
+        parser.error(f"name the services to {args.action} ({', '.join(SERVICES)}){' or --all' if args.action == 'stop' else ''}")
     status = 0
     for name in names:
         try:

@@ -38,7 +38,9 @@ from components.services.process import (
     ManagedService,
     ServiceError,
     free_port,
+    open_private,
     port_open,
+    private_dir,
 )
 
 LABEL_STUDIO_VENV = Path(os.environ.get("DOCMARKUP_LABEL_STUDIO_VENV", PROJECT_ROOT / ".venv-labelstudio"))
@@ -90,9 +92,8 @@ def load_or_create_credentials(name: str = DEFAULT_SERVICE_NAME) -> LabelStudioC
     credentials = LabelStudioCredentials(
         email=DEFAULT_EMAIL, password=secrets.token_urlsafe(16), api_key=secrets.token_hex(20)
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
+    private_dir(path.parent)
+    with open_private(path, "w") as handle:
         json.dump(asdict(credentials), handle, indent=2)
     return credentials
 
@@ -136,6 +137,10 @@ def label_studio_service(
         "LATEST_VERSION_CHECK": "false",
         "FEATURE_FLAGS_OFFLINE": "true",
         "PYTHONUNBUFFERED": "1",
+        # The admin user, through the environment: never on a command line (``ps``) or in a log.
+        "LABEL_STUDIO_USERNAME": creds.email,
+        "LABEL_STUDIO_PASSWORD": creds.password,
+        "LABEL_STUDIO_USER_TOKEN": creds.api_key,
     }
     command = [
         str(binary), "start",
@@ -144,15 +149,12 @@ def label_studio_service(
         "--port", str(port),
         "--data-dir", str(data),
         "--database", str(data / "label_studio.sqlite3"),
-        "--username", creds.email,
-        "--password", creds.password,
-        "--user-token", creds.api_key,
         "--enable-legacy-api-token",
         "--log-level", "WARNING",
     ]
     return ManagedService(
         name=name, command=command, health=lambda: _health_check(url), env=env,
-        cwd=_state_dir(name), startup_timeout_s=STARTUP_TIMEOUT_S,
+        cwd=_state_dir(name), startup_timeout_s=STARTUP_TIMEOUT_S, secrets=(creds.password, creds.api_key),
     )
 
 

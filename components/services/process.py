@@ -3,12 +3,18 @@
 Every service the project needs is launched by this module, bound to 127.0.0.1, with its
 PID, log and state under ``var/services/<name>/``. Stopping signals the service's whole
 process group (services spawn workers), first politely, then for good.
+
+Secrets (passwords, API tokens, admin keys) live in 0600 files under the state folder and
+reach a service through its environment; a service's log and state folder are private to
+the user (0600 / 0700), and any secret that must appear in a command line is redacted from
+the logged copy of it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -26,6 +32,47 @@ LOOPBACK = "127.0.0.1"
 
 class ServiceError(RuntimeError):
     """A service could not be started, did not become healthy, or is not running."""
+
+
+REDACTED = "<redacted>"
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) and make it readable by its owner only."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
+
+
+def open_private(path: Path, mode: str = "ab"):
+    """Open a file that only its owner may read (created 0600; an existing one is tightened)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, mode)
+
+
+def load_or_create_secret(path: Path, nbytes: int = 32) -> str:
+    """A random hex secret kept in a 0600 file, generated on first use."""
+    try:
+        value = path.read_text().strip()
+    except FileNotFoundError:
+        value = ""
+    if value:
+        return value
+    private_dir(path.parent)
+    value = secrets.token_hex(nbytes)
+    with open_private(path, "w") as handle:
+        handle.write(value + "\n")
+    return value
+
+
+def redact(text: str, hidden: Sequence[str]) -> str:
+    """``text`` with every non-empty secret in ``hidden`` replaced by a marker."""
+    for secret in hidden:
+        if secret:
+            text = text.replace(secret, REDACTED)
+    return text
 
 
 def free_port() -> int:
@@ -58,6 +105,7 @@ class ManagedService:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path | None = None
     startup_timeout_s: float = 120.0
+    secrets: Sequence[str] = ()  # values never written to the log (redacted from the command line)
 
     @property
     def state_dir(self) -> Path:
@@ -100,16 +148,19 @@ class ManagedService:
             return pid
         if pid is not None:
             self.stop()
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.state_dir)
+        self._scrub_log()
         env = {**os.environ, **self.env}
-        with open(self.log_file, "ab") as log:
-            log.write(f"\n--- start {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(self.command)}\n".encode())
+        with open_private(self.log_file) as log:
+            logged = redact(" ".join(self.command), self.secrets)
+            log.write(f"\n--- start {time.strftime('%Y-%m-%d %H:%M:%S')}: {logged}\n".encode())
             log.flush()
             process = subprocess.Popen(
                 list(self.command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=self.cwd, env=env, start_new_session=True,
             )
-        self.pid_file.write_text(str(process.pid))
+        with open_private(self.pid_file, "w") as handle:
+            handle.write(str(process.pid))
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if process.poll() is not None:
@@ -121,6 +172,16 @@ class ManagedService:
             time.sleep(0.5)
         self.stop()
         raise ServiceError(f"{self.name} was not healthy after {self.startup_timeout_s:.0f}s; last log lines:\n{self.tail_log()}")
+
+    def _scrub_log(self) -> None:
+        """Redact secrets that an older version of this project wrote into the existing log."""
+        if not self.secrets or not self.log_file.exists():
+            return
+        text = self.log_file.read_text(errors="replace")
+        cleaned = redact(text, self.secrets)
+        if cleaned != text:
+            with open_private(self.log_file, "w") as handle:
+                handle.write(cleaned)
 
     def stop(self, grace_s: float = 15.0) -> bool:
         """Stop the service's process group by PID. Returns False if it was not running."""

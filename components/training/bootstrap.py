@@ -18,6 +18,7 @@ from models.loading import new_tiny_model, save_markup_model
 def bootstrap_model(
     dataset_dirs: str | Path | Iterable[str | Path], out_dir: str | Path, vocab_size: int = 512, min_frequency: int = 2,
     seed: int = 0,
+    architecture: str = "tiny",
 ) -> Path:
     """Train a markup tokenizer on the datasets' pages, create the tiny model, save both to ``out_dir``."""
     roots = [dataset_dirs] if isinstance(dataset_dirs, str | Path) else list(dataset_dirs)
@@ -30,9 +31,9 @@ def bootstrap_model(
     if not texts:
         raise InvalidPageError(f"cannot bootstrap: no page with markup in {[str(r) for r in roots]}")
     tokenizer = train_markup_tokenizer(texts, vocab_size=vocab_size, min_frequency=min_frequency)
-    model = new_tiny_model(tokenizer, seed=seed)
+    model = new_tiny_model(tokenizer, seed=seed, architecture=architecture)
     out = save_markup_model(model, tokenizer, out_dir)
     (out / "bootstrap.json").write_text(json.dumps(
         {"datasets": [str(Path(r).resolve()) for r in roots], "vocab_size": len(tokenizer), "seed": seed,
-         "n_pages": len(texts)}, indent=2))
+         "architecture": architecture, "n_pages": len(texts)}, indent=2))
     return out

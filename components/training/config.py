@@ -42,6 +42,7 @@ class BootstrapSection(_Strict):
 
     vocab_size: int = Field(512, ge=64, le=65536)
     min_frequency: int = Field(2, ge=1)
+    architecture: Literal["tiny", "base"] = "tiny"  # models.docvlm.tiny_config / base_config
 
 
 class ModelSection(_Strict):

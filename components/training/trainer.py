@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from components.data.pages import atomic_write_text
+from components.data.seeds import seed_ranges, seen_seeds, synthetic_seeds
 from components.training import runtime
 from components.training.config import TrainConfig
 from components.training.data import BatchPlan, TrainingData, dataset_fingerprint, load_examples
@@ -162,7 +163,7 @@ def _load_model(config: TrainConfig, output_dir: Path, rank: int):
 
             datasets = [config.path(config.data.dataset)]
             bootstrap_model(datasets, source, config.model.bootstrap.vocab_size, config.model.bootstrap.min_frequency,
-                            seed=config.seed)
+                            seed=config.seed, architecture=config.model.bootstrap.architecture)
         _barrier()
     model, tokenizer = load_markup_model(source)
     return model.train(), tokenizer, source
@@ -326,6 +327,12 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "steps": finished,
             "data": fingerprints,
+            # every synthetic seed this model (and the models it started from) trained on, so an
+            # evaluation can refuse pages it has seen (components.evaluation.evaluate.assert_held_out)
+            "seen_seeds": seed_ranges(
+                synthetic_seeds(config.path(config.data.dataset))
+                + (synthetic_seeds(config.path(config.data.hard_examples)) if config.data.hard_examples else []),
+                also=seen_seeds(source)),
             "init_model": str(source),
             "objectives": config.active_objectives,
             "final_metrics": history[-1] if history else None,

@@ -20,7 +20,13 @@ PyTriton's own proxy model:
 - no GPU: GPU metrics and the pinned-memory pool are switched off; CUDA-missing warnings in
   the log are expected;
 - HTTP, gRPC and metrics bind to 127.0.0.1; the Python backend's shared-memory regions get a
-  per-service prefix so parallel servers never share them, and are removed after stop.
+  per-service prefix so parallel servers never share them, and are removed after stop;
+- the admin APIs are restricted: loading/unloading models (a load may carry a ``model.py``
+  override, i.e. code that runs in the server), shared-memory registration, tracing and
+  logging settings (both write files) answer only requests carrying the header
+  ``docmarkup-admin-key`` (gRPC: ``triton-grpc-protocol-docmarkup-admin-key``) with the key
+  kept in ``var/services/<name>/admin.key`` (0600).
+  Inference, health, metadata and statistics stay open on loopback (README, "Security").
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from components.services.process import (
     ManagedService,
     ServiceError,
     free_port,
+    load_or_create_secret,
     port_open,
 )
 
@@ -59,6 +66,9 @@ STARTUP_TIMEOUT_S = 300.0
 EXIT_TIMEOUT_S = 10
 SHM_DEFAULT_BYTES = 8 * 1024 * 1024
 SHM_GROWTH_BYTES = 8 * 1024 * 1024
+ADMIN_HEADER = "docmarkup-admin-key"
+# Triton API groups that change the server or write files; each needs the admin header.
+RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
 
 
 @dataclass(frozen=True)
@@ -202,6 +212,11 @@ def prepare_runtime(
     )
 
 
+def admin_key(name: str) -> str:
+    """The key of the named server's restricted APIs (random, 0600 file, made on first use)."""
+    return load_or_create_secret(VAR_DIR / "services" / name / "admin.key")
+
+
 def shm_prefix(name: str) -> str:
     """Per-service prefix of the Python backend's shared-memory regions (service names are unique)."""
     return f"docmarkup-{name}-"
@@ -214,9 +229,12 @@ def triton_command(
     distribution: TritonDistribution,
     runtime: TritonRuntime,
     shm_region_prefix: str,
+    admin_key: str,
     log_verbose: int = 0,
 ) -> list[str]:
-    """The tritonserver command line (all endpoints on 127.0.0.1, CPU only, models loaded at start)."""
+    """The tritonserver command line (all endpoints on 127.0.0.1, CPU only, models loaded at start,
+    admin APIs behind ``admin_key``)."""
+    restricted = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={admin_key}"
     return [
         str(distribution.server_binary),
         f"--model-repository={model_repository}",
@@ -226,6 +244,8 @@ def triton_command(
         # repository API (e.g. after the champion alias moved).
         "--model-control-mode=explicit",
         "--load-model=*",
+        f"--http-restricted-api={restricted}",
+        f"--grpc-restricted-protocol={restricted}",
         "--strict-readiness=true",
         "--exit-on-error=true",
         f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
@@ -297,6 +317,12 @@ class TritonServer:
     def metrics_url(self) -> str:
         return f"http://{LOOPBACK}:{self.ports.metrics}/metrics"
 
+    def admin_headers(self, protocol: str = "http") -> dict[str, str]:
+        """Headers that open the restricted (model control, shared memory, trace, logging) APIs;
+        Triton's gRPC frontend expects the header name prefixed with ``triton-grpc-protocol-``."""
+        header = ADMIN_HEADER if protocol == "http" else f"triton-grpc-protocol-{ADMIN_HEADER}"
+        return {header: admin_key(self.name)}
+
     def ready(self) -> bool:
         return ready(self.ports)
 
@@ -341,7 +367,7 @@ class TritonServer:
         client = httpclient.InferenceServerClient(self.http_url, network_timeout=timeout_s)
         try:
             for model in models or MODEL_NAMES:
-                client.load_model(model)
+                client.load_model(model, headers=self.admin_headers())
         except InferenceServerException as exc:
             raise ServiceError(f"reloading {models or MODEL_NAMES} failed: {exc.message()}\n{self.tail_log(20)}") from exc
         finally:
@@ -404,11 +430,14 @@ def triton_server(
     if not repository.is_dir():
         raise ServiceError(f"model repository {repository} does not exist")
     prefix = shm_prefix(name)
+    key = admin_key(name)
     service = ManagedService(
         name=name,
         command=triton_command(
-            repository, ports, distribution=distribution, runtime=runtime, shm_region_prefix=prefix, log_verbose=log_verbose
+            repository, ports, distribution=distribution, runtime=runtime, shm_region_prefix=prefix, admin_key=key,
+            log_verbose=log_verbose,
         ),
+        secrets=(key,),
         health=lambda: ready(ports),
         env=triton_environment(runtime, env),
         cwd=PROJECT_ROOT,
