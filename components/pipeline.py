@@ -124,6 +124,10 @@ class MonitoringSection(_Strict):
     low_confidence: float = Field(0.8, ge=0.0, le=1.0)
     psi_threshold: float = 0.2
     min_production_pages: int = 20
+    # Page images the serving log keeps for low-confidence requests (monitoring/request_log.py):
+    # at most this many MB, none older than this many days.
+    max_image_mb: float = Field(1024.0, gt=0)
+    image_retention_days: float = Field(30.0, gt=0)
 
 
 class ExecutionSection(_Strict):

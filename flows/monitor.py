@@ -17,8 +17,9 @@ feedback = task(send_low_confidence_to_annotators, name="feedback-to-label-studi
 @flow(name="monitor", log_prints=True)
 def monitor(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None, since: float | None = None) -> dict:
     cfg = resolve(config, overrides)
-    log = RequestLog()
-    result = {"drift": drift(cfg, log, since), "feedback": feedback(cfg, log, since)}
+    log = RequestLog(max_image_mb=cfg.monitoring.max_image_mb, image_retention_days=cfg.monitoring.image_retention_days)
+    pruned = log.prune_images()
+    result = {"drift": drift(cfg, log, since), "feedback": feedback(cfg, log, since), "pruned_images": len(pruned)}
     get_run_logger().info("monitoring: %s", result)
     return result
 

@@ -7,7 +7,9 @@ checkpoints (dots.ocr, Qwen2-VL, Qwen2.5-VL) go through :mod:`models.qwen2_vl_ad
 
 from __future__ import annotations
 
+import hashlib
 import json
+import threading
 from pathlib import Path
 
 import torch
@@ -34,11 +36,38 @@ def model_family(path: str | Path) -> str:
         raise ModelLoadError(f"{config_file} has no readable model_type: {exc}") from exc
 
 
+# transformers builds models on the meta device and then materialises them; two threads doing
+# that at once fail ("Cannot copy out of meta tensor") and can leave the process unable to load
+# again, so loads in one process take turns (pre-annotation shards load in threads).
+_LOAD_LOCK = threading.Lock()
+
+
+def model_fingerprint(path: str | Path) -> str:
+    """A short content hash of a model folder's config and weights: two folders with the same
+    fingerprint decode alike, whatever they are called (every trained folder is named ``model``)."""
+    digest = hashlib.sha256()
+    folder = Path(path)
+    files = [folder / "config.json", *sorted(folder.glob("*.safetensors")), *sorted(folder.glob("*.bin"))]
+    for file in files:
+        if file.is_file():
+            digest.update(file.name.encode())
+            with file.open("rb") as handle:
+                for chunk in iter(lambda h=handle: h.read(1 << 20), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()[:12]
+
+
 def load_markup_model(
     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> tuple[MarkupLM, PreTrainedTokenizerFast]:
-    """The model (in eval mode) and its tokenizer, ready for the decoding engine."""
-    path = Path(path)
+    """The model (in eval mode) and its tokenizer, ready for the decoding engine (thread-safe)."""
+    with _LOAD_LOCK:
+        return _load_markup_model(Path(path), device, dtype)
+
+
+def _load_markup_model(
+    path: Path, device: str | torch.device, dtype: torch.dtype | None
+) -> tuple[MarkupLM, PreTrainedTokenizerFast]:
     family = model_family(path)
     if family == "docvlm":
         model = DocVLMForConditionalGeneration.from_pretrained(str(path), dtype=dtype or torch.float32)

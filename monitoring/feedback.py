@@ -37,7 +37,10 @@ def add_to_dataset(log: RequestLog, entries: list[ServedPage], dataset: PageData
     """Copy the pages' images into ``dataset`` (no ground truth yet) and return their records."""
     pages = []
     for entry in entries:
-        image = load_image(log.image_path(entry))
+        kept = log.image_path(entry)
+        if kept is None:  # pruned by the retention policy since it was logged
+            continue
+        image = load_image(kept)
         pages.append(Page(
             page_id=entry.page_id, image=dataset.save_image(entry.page_id, image), width=image.width,
             height=image.height, source="production",

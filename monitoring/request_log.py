@@ -4,6 +4,10 @@ Serving appends one JSON line per page (confidence, output length, decoder, late
 keeps the page image of low-confidence requests, so they can go back to annotators. Appends are
 single ``write`` calls on an ``O_APPEND`` file, so concurrent model instances never interleave
 half lines; a torn last line after a crash is skipped by the reader.
+
+Kept images are bounded: images older than ``image_retention_days`` go, then the oldest ones
+until the folder holds at most ``max_image_mb``. Pruning runs when an image is kept (at most
+once a minute per process) and from the monitoring flow; a pruned entry keeps its JSON line.
 """
 
 from __future__ import annotations
@@ -38,9 +42,42 @@ class ServedPage:
 class RequestLog:
     """Append-only JSONL log plus an image folder for pages worth a second look."""
 
-    def __init__(self, root: str | Path | None = None, keep_images_below: float = 0.9):
+    PRUNE_INTERVAL_S = 60.0
+
+    def __init__(
+        self, root: str | Path | None = None, keep_images_below: float = 0.9, max_image_mb: float = 1024.0,
+        image_retention_days: float = 30.0,
+    ):
         self.root = Path(root or os.environ.get("DOCMARKUP_REQUEST_LOG", DEFAULT_LOG_DIR))
         self.keep_images_below = keep_images_below
+        self.max_image_bytes = int(max_image_mb * 1024 * 1024)
+        self.retention_s = image_retention_days * 86400.0
+        self._last_prune = 0.0
+
+    def prune_images(self, now: float | None = None) -> list[Path]:
+        """Delete kept images past retention, then the oldest until under the size cap."""
+        now = time.time() if now is None else now
+        self._last_prune = now
+        folder = self.root / "images"
+        if not folder.is_dir():
+            return []
+        files = []
+        for path in folder.glob("*.png"):
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            files.append((stat.st_mtime, stat.st_size, path))
+        files.sort()
+        total = sum(size for _, size, _ in files)
+        removed = []
+        for mtime, size, path in files:
+            if now - mtime <= self.retention_s and total <= self.max_image_bytes:
+                break
+            path.unlink(missing_ok=True)
+            total -= size
+            removed.append(path)
+        return removed
 
     @property
     def path(self) -> Path:
@@ -61,6 +98,8 @@ class RequestLog:
                 tmp.write_bytes(image_bytes)
                 os.replace(tmp, target)
             entry.image = relative
+            if time.time() - self._last_prune >= self.PRUNE_INTERVAL_S:
+                self.prune_images()
         line = (json.dumps(asdict(entry), ensure_ascii=False) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
@@ -83,4 +122,7 @@ class RequestLog:
         return entries
 
     def image_path(self, entry: ServedPage) -> Path | None:
-        return self.root / entry.image if entry.image else None
+        """The kept image of ``entry``; None if none was kept or it has been pruned since."""
+        if not entry.image or not (self.root / entry.image).exists():
+            return None
+        return self.root / entry.image

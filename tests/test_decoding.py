@@ -276,3 +276,12 @@ def test_a_cancelled_stream_row_leaves_the_batch_and_the_others_finish(tokenizer
     assert events_per_row[1] == 2  # no event (and no forward) for it after the cancel
     assert tokens[0] == targets[0][1:] and tokens[2] == targets[2][1:]
     assert oracle.forward_calls == events_per_row[0]  # the longest remaining page set the number of forwards
+
+
+@pytest.mark.parametrize(("decoder", "name"), [("sdb", "window"), ("block", "block_length"), ("ppc", "span")])
+def test_a_speculative_length_beyond_the_positions_names_its_parameter(tokenizer, decoder, name):
+    engine = DecodingEngine(new_tiny_model(tokenizer), tokenizer)
+    too_long = DecodeParams(decoder=decoder, **{name: engine.max_positions})
+    with pytest.raises(ValueError, match=rf"{name} {engine.max_positions} is too large for this model"):
+        engine.check_params(too_long)
+    engine.check_params(DecodeParams(decoder=decoder, **{name: 4}))

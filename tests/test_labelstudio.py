@@ -360,3 +360,28 @@ def test_credentials_stay_off_command_lines_and_out_of_logs(label_studio):
     assert stat.S_IMODE(service.pid_file.stat().st_mode) == 0o600
     assert stat.S_IMODE((VAR_DIR / "services" / TEST_SERVICE_NAME / "credentials.json").stat().st_mode) == 0o600
     assert stat.S_IMODE(service.state_dir.stat().st_mode) == 0o700
+
+
+@pytest.mark.services
+def test_queue_order_holds_across_three_sources_of_tasks(client, project_title, tmp_path, label_studio):
+    """Pre-annotation, hard-example mining and production feedback each queue pages under their own
+    model version; every switch of the project's version must leave all tasks scored and visible."""
+    dataset = generate_dataset(tmp_path / "pages", n_pages=6, seed=300)
+    project_id = ensure_project(client, project_title)
+    predictions = _predictions(dataset, [0.3, 0.7, 0.1, 0.5, 0.2, 0.9])
+    for source, chosen in [("rapidocr:3.4", predictions[0:2]), ("model:abc123", predictions[2:4]),
+                           ("model:def456", predictions[4:6])]:
+        queue_pages(client, project_id, dataset, chosen, source)
+    by_confidence = [p.page_id for p in sorted(predictions, key=lambda p: p.confidence)]
+    ordered = [t.data["page_id"] for t in client.tasks.list(project=project_id, view=view_id(client, project_id))]
+    assert ordered == by_confidence
+    response = httpx.get(f"{label_studio.url}/api/projects/{project_id}/next",
+                         headers={"Authorization": f"Token {label_studio.api_key}"}, timeout=30)
+    assert response.json()["data"]["page_id"] == by_confidence[0]
+    markup = {p.page_id: p.markup for p in predictions}
+    for task in client.tasks.list(project=project_id, fields="all"):
+        shown = [p if isinstance(p, dict) else p.dict() for p in task.predictions]
+        visible = [p for p in shown if p["model_version"] == "model:def456"]
+        assert [p["result"][0]["value"]["text"] for p in visible] == [[markup[task.data["page_id"]]]]
+    by_page = {t.data["page_id"]: t.data["model_version"] for t in client.tasks.list(project=project_id)}
+    assert by_page[predictions[0].page_id] == "rapidocr:3.4" and by_page[predictions[2].page_id] == "model:abc123"

@@ -63,3 +63,25 @@ def test_request_log_keeps_images_of_low_confidence_pages_only(tmp_path):
     assert [e.page_id for e in entries] == [low.page_id, "prod-high"]
     assert log.image_path(entries[0]).read_bytes() == image
     assert entries[1].image is None
+
+
+def test_kept_images_are_pruned_by_age_then_by_size(tmp_path):
+    import os
+    import time
+
+    log = RequestLog(tmp_path, keep_images_below=0.8, max_image_mb=2500 / 1024 / 1024, image_retention_days=1)
+    now = time.time()
+    entries = []
+    for age_days, name in [(3.0, "ancient"), (0.5, "older"), (0.2, "newer"), (0.0, "newest")]:
+        payload = name.encode() * (1000 // len(name))  # ~1000 bytes each
+        entry = ServedPage(page_id=f"prod-{name}", decoder="ar", mean_confidence=0.1, new_tokens=1, forward_passes=1,
+                           latency_s=0.1, truncated=False, text=name)
+        log._last_prune = now  # keep record() from pruning before the ages are set
+        log.record(entry, payload)
+        os.utime(tmp_path / entry.image, (now - age_days * 86400, now - age_days * 86400))
+        entries.append(entry)
+    removed = log.prune_images(now)
+    # "ancient" is past the 1-day retention; of the rest, the oldest goes until <= 2500 bytes remain
+    assert sorted(p.stem for p in removed) == ["prod-ancient", "prod-older"]
+    assert [log.image_path(e) is not None for e in log.entries()] == [False, False, True, True]
+    assert len(log.entries()) == 4  # the JSON lines stay

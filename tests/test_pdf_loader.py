@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.data.pages import InvalidPageError, PageDataset
+from components.data.pages import InvalidPageError, PageDataset, load_image
 from components.data.pdf import PdfImportError, import_images, import_pdfs, main, pdf_page_id, render_pdf
 from components.data.synthetic import generate_page
 
@@ -245,6 +245,39 @@ def test_image_folder_import_reports_the_corrupt_image_and_keeps_the_good_ones(t
     with pytest.raises(InvalidPageError, match=r"p3\.png"):
         import_images(folder, tmp_path / "strict", on_error="raise")
     assert dataset_files(tmp_path / "strict") == {}
+
+
+def bomb_png(side: int = 20000) -> bytes:
+    """A PNG declaring side x side pixels in a few kilobytes (a decompression bomb)."""
+    import io
+    import struct
+    import zlib
+
+    buffer = io.BytesIO()
+    Image.new("1", (8, 8)).save(buffer, format="PNG")
+    data = bytearray(buffer.getvalue())
+    ihdr = bytearray(data[12:29])  # chunk type + 13 bytes of IHDR data
+    ihdr[4:12] = struct.pack(">II", side, side)
+    data[12:29] = ihdr
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(ihdr)))
+    return bytes(data)
+
+
+def test_a_decompression_bomb_is_reported_by_name_and_the_rest_imported(tmp_path, pages):
+    folder = tmp_path / "scans"
+    folder.mkdir()
+    (folder / "bomb.png").write_bytes(bomb_png())
+    pages[0].save(folder / "good.png")
+    report = import_images(folder, tmp_path / "ds")
+    [(name, reason)] = report.failed
+    assert name.endswith("bomb.png") and "bomb.png" in reason and "80M-pixel limit" in reason
+    assert [p.source for p in PageDataset(tmp_path / "ds").pages()] == ["image:good.png"]
+
+
+def test_an_image_over_the_pixel_cap_is_refused_before_decoding(tmp_path):
+    (tmp_path / "big.png").write_bytes(bomb_png(10000))  # 100M pixels: under PIL's own bomb limit
+    with pytest.raises(InvalidPageError, match=r"big\.png.*10000x10000 = 100M pixels, over the 80M-pixel limit"):
+        load_image(tmp_path / "big.png")
 
 
 def test_camera_photo_is_stored_upright(tmp_path):

@@ -363,3 +363,26 @@ def test_preannotation_rejects_non_finite_confidence():
     with pytest.raises(ValueError, match="finite"):
         PreAnnotation("x", float("nan"), "v")
     assert PreAnnotation("x", 1.5, "v").confidence == 1.0
+
+
+def test_the_model_backend_loads_in_parallel_threads_and_versions_by_content(curation_model_dir, tmp_path):
+    """Two shards build their annotator at once (threads): both load; a copy of the same weights
+    in another folder keeps the version, different weights in a folder of the same name do not."""
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from models.loading import load_markup_model, save_markup_model
+
+    config = {"backend": "model", "model_dir": str(curation_model_dir), "max_new_tokens": 4}
+    with ThreadPoolExecutor(4) as pool:
+        annotators = list(pool.map(lambda _: make_preannotator(dict(config)), range(4)))
+    assert len({a.model_version for a in annotators}) == 1
+    copy = shutil.copytree(curation_model_dir, tmp_path / "elsewhere" / "model")
+    assert make_preannotator({**config, "model_dir": str(copy)}).model_version == annotators[0].model_version
+    model, tokenizer = load_markup_model(curation_model_dir)
+    with torch.no_grad():
+        next(model.parameters()).add_(0.01)
+    retrained = save_markup_model(model, tokenizer, tmp_path / "retrained" / curation_model_dir.name)
+    assert make_preannotator({**config, "model_dir": str(retrained)}).model_version != annotators[0].model_version

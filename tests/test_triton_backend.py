@@ -77,6 +77,10 @@ def test_image_input_decodes_pages_and_rejects_corrupt_ones():
         protocol.image_from_input(np.array([b""], dtype=object))
     with pytest.raises(protocol.RequestError, match="IMAGE is required"):
         protocol.image_from_input(None)
+    from tests.test_pdf_loader import bomb_png
+
+    with pytest.raises(InvalidPageError, match="over the 80M-pixel limit"):  # an INVALID_ARG answer (400)
+        protocol.image_from_input(np.array([bomb_png()], dtype=object))
 
 
 def test_client_rejects_unknown_options_before_sending():

@@ -218,6 +218,20 @@ def test_corrupt_image_gets_a_clear_error_and_the_server_keeps_serving(triton, c
     assert client.transcribe(page, max_new_tokens=4).stats["new_tokens"] == 4
 
 
+def test_a_window_beyond_the_models_positions_is_a_400_naming_it_counted_under_its_decoder(triton, client, page):
+    before = parse_samples(triton.metrics_text())
+    with pytest.raises(TranscriptionError, match="window 1500 is too large for this model") as error:
+        client.transcribe(page, decoder="sdb", window=1500)
+    assert error.value.status == "400"
+    with pytest.raises(TranscriptionError, match="DECODER must be one of"):
+        client.transcribe(page, decoder="beam")
+    time.sleep(1.5)  # Triton publishes metrics every second
+    after = parse_samples(triton.metrics_text())
+    invalid = {decoder: metric_delta(before, after, "docmarkup_requests_total", model="docmarkup", decoder=decoder,
+                                     outcome="invalid") for decoder in ("sdb", "unknown", "ar")}
+    assert invalid == {"sdb": 1.0, "unknown": 1.0, "ar": 0.0}
+
+
 def test_concurrent_requests_are_batched_and_each_gets_its_own_page(triton, client, registry):
     pages = [png(generate_page(seed)[1]) for seed in (31, 32, 33)]
     requests = [(pages[0], "ar"), (pages[1], "sdb"), (pages[1], "ar"), (b"not an image", "ar"),

@@ -12,8 +12,12 @@ Design choices, each against a known Label Studio pain point:
   size per task in Label Studio's database and in task listings, which is fine for page-sized
   PNGs (tens of KB here); :data:`MAX_IMAGE_BYTES` refuses absurdly large pages loudly.
 - **Predictions are visible**: Label Studio only shows predictions whose ``model_version`` equals
-  the project's, so :func:`queue_pages` sets the project's ``model_version`` to the one it imports
-  (and adds a prediction of that version to pages already queued under an older one).
+  the project's (and scores tasks by them), so :func:`queue_pages` sets the project's
+  ``model_version`` to the one it imports and gives every task already in the project a
+  prediction of that version: the new one for pages it re-scored, a copy of the task's latest
+  prediction (same markup and score) for pages queued from other sources (pre-annotation, hard
+  examples, production feedback). Which model really made a task's prediction stays in the
+  task's ``model_version`` field.
 - **Lowest confidence first**, in every place an annotator looks: tasks are imported in rising
   confidence (Data Manager default order is task id), the project samples by uncertainty
   (``Label All Tasks`` picks the lowest prediction score), and a Data Manager tab orders by
@@ -325,7 +329,7 @@ def queue_pages(
     fresh = sorted((p for p in predictions if p.page_id not in existing), key=lambda p: (p.confidence, p.page_id))
 
     predictions_added = _add_missing_predictions(client, project_id, already, existing, model_version)
-    if already:
+    if existing:
         _show_model_version(client, project_id, model_version)
 
     task_ids = {p.page_id: existing[p.page_id] for p in already}
@@ -385,19 +389,31 @@ def _show_model_version(client, project_id: int, model_version: str) -> None:
 def _add_missing_predictions(
     client, project_id: int, already: list[PagePrediction], existing: dict[str, int], model_version: str
 ) -> list[str]:
-    """Give already-queued pages a prediction of this model_version, so they stay visible."""
-    if not already:
+    """Give every queued task a prediction of this model_version, so it stays visible and scored.
+
+    Pages re-scored in this call get their new prediction; every other task gets a copy of its
+    latest prediction under this version. Returns the page ids of ``already`` that got one.
+    """
+    if not existing:
         return []
-    have = {
-        (pred.task, pred.model_version)
-        for pred in _call(client, "list predictions", lambda: client.predictions.list(project=project_id))
-    }
+    listed = _call(client, "list predictions", lambda: client.predictions.list(project=project_id))
+    have = {(pred.task, pred.model_version) for pred in listed}
+    latest: dict[int, Any] = {}
+    for pred in sorted(listed, key=lambda p: p.id):
+        latest[pred.task] = pred
+    rescored = {existing[p.page_id]: p for p in already}
     added = []
-    for pred in sorted(already, key=lambda p: (p.confidence, p.page_id)):
-        task_id = existing[pred.page_id]
+    for task_id in sorted(existing.values()):
         if (task_id, model_version) in have:
             continue
-        body = _prediction(pred, model_version)
+        fresh = rescored.get(task_id)
+        if fresh is not None:
+            body = _prediction(fresh, model_version)
+        elif task_id in latest:
+            old = latest[task_id]
+            body = {"model_version": model_version, "score": old.score, "result": old.result}
+        else:
+            continue
         _call(
             client,
             f"add a prediction to task {task_id}",
@@ -405,7 +421,8 @@ def _add_missing_predictions(
                 task=t, model_version=b["model_version"], score=b["score"], result=b["result"]
             ),
         )
-        added.append(pred.page_id)
+        if fresh is not None:
+            added.append(fresh.page_id)
     return added
 
 

@@ -531,9 +531,11 @@ class ModelAnnotator:
     def from_pretrained(cls, model_dir: str | os.PathLike, *, device: str = "cpu", model_version: str | None = None,
                         decoder: str = "ar", max_new_tokens: int = 1024) -> ModelAnnotator:
         from components.decoding.engine import DecodingEngine
+        from models.loading import model_fingerprint
 
         engine = DecodingEngine.from_pretrained(model_dir, device=device)
-        return cls(engine, model_version=model_version or f"model:{Path(model_dir).resolve().name}",
+        # a content hash, not the folder name: every trained folder is called "model"
+        return cls(engine, model_version=model_version or f"model:{model_fingerprint(model_dir)}",
                    decoder=decoder, max_new_tokens=max_new_tokens)
 
     @property

@@ -103,16 +103,30 @@ def validate_image(image: Image.Image, *, what: str = "page image") -> Image.Ima
     return image
 
 
+# A 600-dpi A3 scan is ~70M pixels; anything larger is refused before it is decoded, so a
+# decompression bomb (a tiny PNG declaring 20000x20000) costs nothing but an error.
+MAX_IMAGE_PIXELS = 80_000_000
+
+
 def load_image(source: str | os.PathLike | bytes) -> Image.Image:
-    """Open an image from a path or bytes and fully decode it, with a clear error if it is corrupt."""
+    """Open an image from a path or bytes and fully decode it, with a clear error if it is corrupt
+    or larger than :data:`MAX_IMAGE_PIXELS` (checked on the header, before decoding)."""
     what = "page image" if isinstance(source, bytes) else f"page image {os.fspath(source)!r}"
     try:
         handle = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")  # noqa: SIM115
         with handle, Image.open(handle) as image:
+            if image.width * image.height > MAX_IMAGE_PIXELS:
+                raise InvalidPageError(
+                    f"{what} is {image.width}x{image.height} = {image.width * image.height / 1e6:.0f}M pixels, "
+                    f"over the {MAX_IMAGE_PIXELS / 1e6:.0f}M-pixel limit; downscale it before import")
             image.load()
             decoded = image.convert("RGB")
     except FileNotFoundError as exc:
         raise InvalidPageError(f"{what} does not exist") from exc
+    except Image.DecompressionBombError as exc:
+        raise InvalidPageError(
+            f"{what} is over the {MAX_IMAGE_PIXELS / 1e6:.0f}M-pixel limit (refused as a decompression bomb: {exc})"
+        ) from exc
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise InvalidPageError(f"{what} is corrupt or not an image: {exc}") from exc
     return validate_image(decoded, what=what)

@@ -34,6 +34,8 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "block": BlockDiffusionStrategy,
     "ppc": PrefixCommitmentStrategy,
 }
+# The request parameter that sets each parallel decoder's speculative length.
+SPEC_PARAMETER = {"sdb": "window", "block": "block_length", "ppc": "span"}
 
 
 def special_ids_of(tokenizer: PreTrainedTokenizerFast) -> SpecialIds:
@@ -65,6 +67,23 @@ class DecodingEngine:
     @property
     def max_positions(self) -> int:
         return int(getattr(self.model, "max_positions", 1 << 30))
+
+    def check_params(self, params: DecodeParams, n_prefix: int | None = None) -> None:
+        """Refuse a window / block / span the model's positions cannot hold, naming the parameter.
+
+        The widest forward holds a stored segment plus a speculative one of the decoder's length,
+        after the image prefix (``n_prefix``; the model's fixed prefix length when not given).
+        """
+        n_prefix = int(getattr(self.model, "num_prefix_tokens", 0) or 0) if n_prefix is None else n_prefix
+        room = self.max_positions - n_prefix - 1
+        if room < 1:
+            raise ValueError(f"model allows {self.max_positions} positions; the image prefix alone takes {n_prefix}")
+        name = SPEC_PARAMETER.get(params.decoder)
+        spec = STRATEGIES[params.decoder](params, self.ids).spec_length
+        if name is not None and 2 * spec >= room:
+            raise ValueError(
+                f"{name} {getattr(params, name)} is too large for this model: it allows {self.max_positions} positions "
+                f"and the image prefix takes {n_prefix}, so {name} must be at most {(room - 1) // 2}")
 
     def generate(self, images: list[Image.Image], params: DecodeParams | None = None) -> list[DecodeResult]:
         """Decode a batch to completion."""
@@ -109,10 +128,9 @@ class DecodingEngine:
         empty_prompt = torch.zeros(len(images), 0, dtype=torch.long, device=device)
         _, cache = self.model.prefill(images, empty_prompt)
         n_prefix = cache.get_seq_length()
+        self.check_params(params, n_prefix)
         # Leave room for the widest forward (stored block + speculative segment) below the position limit.
         budget = min(params.max_new_tokens, self.max_positions - n_prefix - 2 * strategy.spec_length - 1)
-        if budget < 1:
-            raise ValueError(f"model allows {self.max_positions} positions; the image prefix alone takes {n_prefix}")
         for i in range(len(images)):
             generator = None
             if params.seed is not None:

@@ -41,6 +41,11 @@ def _tensor(name: str, values: np.ndarray) -> pb_utils.Tensor:
     return pb_utils.Tensor(name, values)
 
 
+def request_input(request, name: str) -> np.ndarray | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
 def _error(message: str, code: int | None = None) -> pb_utils.TritonError:
     return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
 
@@ -73,7 +78,11 @@ class TritonPythonModel:
         self.model_info = resolved.describe()
         self.engine = DecodingEngine.from_pretrained(resolved.path, device=parameters.get("device") or "cpu")
         self.metrics = BackendMetrics(pb_utils, self.model_name)
-        self.request_log = RequestLog(parameters.get("request_log_dir") or None)
+        self.request_log = RequestLog(
+            parameters.get("request_log_dir") or None,
+            max_image_mb=float(parameters.get("request_log_max_image_mb") or 1024),
+            image_retention_days=float(parameters.get("request_log_retention_days") or 30),
+        )
         self._inflight = 0
         self._idle = threading.Condition()
         self.logger.log_info(
@@ -117,13 +126,14 @@ class TritonPythonModel:
 
     # ---------------------------------------------------------------------------------------
     def _parse(self, request) -> tuple[DecodeParams, object, bytes]:
-        inputs = {}
-        for name in protocol.INPUT_NAMES:
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            inputs[name] = None if tensor is None else tensor.as_numpy()
+        inputs = {name: request_input(request, name) for name in protocol.INPUT_NAMES}
         params = protocol.decode_params_from_inputs(
             inputs, default_decoder=self.default_decoder, max_new_tokens_limit=self.max_new_tokens_limit
         )
+        try:
+            self.engine.check_params(params)
+        except ValueError as exc:
+            raise protocol.RequestError(str(exc)) from exc
         image_bytes = protocol.image_bytes_from_input(inputs[protocol.IMAGE_INPUT])
         return params, load_image(image_bytes), image_bytes
 
@@ -165,6 +175,7 @@ class TritonPythonModel:
                     continue
                 parsed.append(self._parse(request))
             except (protocol.RequestError, InvalidPageError) as exc:
+                decoder = protocol.requested_decoder(request_input(request, protocol.DECODER_INPUT), decoder)
                 self.metrics.record_request(decoder, "invalid", time.perf_counter() - started)
                 parsed.append(_error(str(exc), pb_utils.TritonError.INVALID_ARG))
             except Exception as exc:

@@ -44,6 +44,7 @@ PARAMETER_INPUTS: dict[str, tuple[str, type]] = {
     "SEED": ("seed", int),
 }
 INPUT_NAMES = (IMAGE_INPUT, *PARAMETER_INPUTS)
+DECODER_INPUT = "DECODER"
 # Triton datatypes of the inputs, for clients.
 INPUT_DATATYPES = {
     IMAGE_INPUT: "BYTES", "DECODER": "BYTES", "THRESHOLD": "FP32", "WINDOW": "INT32", "BLOCK_LENGTH": "INT32",
@@ -94,6 +95,18 @@ def decode_params_from_inputs(
         return DecodeParams(**chosen)
     except ValueError as exc:
         raise RequestError(str(exc)) from exc
+
+
+def requested_decoder(array: np.ndarray | None, default: str) -> str:
+    """The decoder a request asked for, as a metrics label: ``default`` when it named none, one of
+    :data:`DECODERS`, or ``"unknown"`` (never the raw text, so labels stay a bounded set)."""
+    if array is None:
+        return default
+    try:
+        name = _scalar(DECODER_INPUT, array, str)
+    except (RequestError, ValueError, TypeError):
+        return "unknown"
+    return name if name in DECODERS else "unknown"
 
 
 def image_bytes_from_input(array: np.ndarray | None) -> bytes:

@@ -77,6 +77,8 @@ def materialize_repository(
     torch_threads: int = 1,
     model_cache_dir: str | Path | None = None,
     request_log_dir: str | Path | None = None,
+    request_log_max_image_mb: float = 1024.0,
+    request_log_retention_days: float = 30.0,
 ) -> Path:
     """Copy the template repository to ``destination`` with the model source filled in.
 
@@ -112,6 +114,8 @@ def materialize_repository(
         "torch_threads": str(torch_threads),
         "model_cache_dir": str(Path(model_cache_dir).resolve()) if model_cache_dir else "",
         "request_log_dir": str(Path(request_log_dir).resolve()) if request_log_dir else "",
+        "request_log_max_image_mb": str(request_log_max_image_mb),
+        "request_log_retention_days": str(request_log_retention_days),
     }
     for model in MODEL_NAMES:
         config = staging / model / "config.pbtxt"
