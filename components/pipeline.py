@@ -47,6 +47,9 @@ class LabelStudioSection(_Strict):
     project: str = "docmarkup pages"
     queue_below_confidence: float = Field(0.9, ge=0.0, le=1.0)
     max_tasks: int = Field(50, ge=1)
+    # "blocks": layout boxes labelled by category with one transcription each (markup rebuilt in
+    # reading order); "page": one text box with the whole page's markup.
+    view: Literal["blocks", "page"] = "blocks"
 
 
 class MiningSection(_Strict):

@@ -19,7 +19,22 @@ SERVICE_TASK: dict[str, Any] = {**TASK_DEFAULTS, "retries": 3, "retry_delay_seco
 
 
 def resolve(config: str | PipelineConfig, overrides: dict[str, Any] | None = None) -> PipelineConfig:
-    return config if isinstance(config, PipelineConfig) else load_pipeline_config(config, overrides)
+    """The validated pipeline config, every training stage's config included."""
+    if isinstance(config, PipelineConfig):
+        return config
+    cfg = load_pipeline_config(config, overrides)
+    from components.training.stages import validate_stages
+
+    validate_stages(cfg)
+    return cfg
+
+
+def config_errors() -> tuple[type[Exception], ...]:
+    """Exceptions that mean "fix the config", reported as one line by the flows' command lines."""
+    from components.pipeline import PipelineConfigError
+    from components.training.config import TrainConfigError
+
+    return PipelineConfigError, TrainConfigError
 
 
 def task_runner_for(cfg: PipelineConfig):

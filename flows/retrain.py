@@ -8,14 +8,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 
 from deploy.workflow import replay_pages
-from flows._common import DEFAULT_CONFIG, DEMO_CONFIG, SERVICE_TASK, resolve
+from flows._common import DEFAULT_CONFIG, DEMO_CONFIG, SERVICE_TASK, config_errors, resolve
 from flows.curate import curate
 from flows.deploy import deploy
 from flows.evaluate import evaluate
@@ -63,6 +65,7 @@ def where_things_are(summary: dict) -> str:
         "",
         evaluation["table"],
         "",
+        *sample_lines(evaluation.get("sample")),
         f"MLflow      {default_tracking_uri()}  run {evaluation['run_id']}",
         f"            model {evaluation['model_name']} v{evaluation['version']}: "
         + ("alias 'champion'" if evaluation["promoted"] else f"not promoted ({'; '.join(evaluation['gate_failures'])})"),
@@ -84,8 +87,24 @@ def where_things_are(summary: dict) -> str:
         lines.append(f"Monitoring  drift: {'DRIFT' if drift.get('drifted') else 'none'}"
                      + ("" if drift.get("checked") else f" (not checked: {drift.get('reason')})")
                      + f"; {monitor_result['feedback'].get('queued', 0)} low-confidence pages sent to Label Studio")
+    if summary.get("prefect_ui"):
+        lines.append(f"Prefect     {summary['prefect_ui']}  (flow runs of this life cycle)")
     lines += ["Stop services: ./run services stop --all", "=" * 78]
     return "\n".join(lines)
+
+
+def sample_lines(sample: dict | None, width: int = 300) -> list[str]:
+    """One held-out page: ground truth, then each decoder's output (cut to ``width`` characters)."""
+    if not sample:
+        return []
+
+    def cut(text: str) -> str:
+        flat = text.replace("\n", " ⏎ ")
+        return flat if len(flat) <= width else flat[:width] + " …"
+
+    lines = [f"Held-out page {sample['page_id']}:", f"  ground truth  {cut(sample['ground_truth'])}"]
+    lines += [f"  {name:<13} {cut(text)}" for name, text in sample["outputs"].items()]
+    return [*lines, ""]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,9 +116,34 @@ def main(argv: list[str] | None = None) -> int:
     config = args.config or (DEMO_CONFIG if args.demo else DEFAULT_CONFIG)
     overrides = {key: json.loads(value) if value[:1] in "[{0123456789-tfn" else value
                  for key, value in (item.split("=", 1) for item in args.overrides)}
-    summary = retrain(config, overrides or None, replay_traffic=args.demo)
+    try:
+        resolve(config, overrides or None)  # every config error before any work, in one message
+    except config_errors() as exc:
+        print(f"config error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    with project_prefect_server() as prefect_url:
+        print(f"Prefect UI: {prefect_url.removesuffix('/api')} (this run's flows and tasks)", flush=True)
+        summary = retrain(config, overrides or None, replay_traffic=args.demo)
+    summary["prefect_ui"] = prefect_url.removesuffix("/api")
     print(where_things_are(summary))
     return 0
+
+
+@contextlib.contextmanager
+def project_prefect_server():
+    """Run the flows against ``PREFECT_API_URL`` if set, else the project's Prefect server."""
+    import os
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    if os.environ.get("PREFECT_API_URL"):
+        yield os.environ["PREFECT_API_URL"]
+        return
+    from components.services.tracking import ensure_prefect_server
+
+    url = ensure_prefect_server()
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        yield url
 
 
 if __name__ == "__main__":

@@ -54,12 +54,13 @@ def add_to_dataset(log: RequestLog, entries: list[ServedPage], dataset: PageData
 
 def push_low_confidence_pages(
     client, project_id: int, log: RequestLog, dataset: PageDataset, threshold: float, model_version: str,
-    since: float | None = None,
+    since: float | None = None, view: str = "page",
 ) -> FeedbackResult:
     """Queue every low-confidence served page (with the served output as prediction)."""
     entries = low_confidence_entries(log.entries(since=since), threshold)
     if not entries:
         return FeedbackResult(candidates=0, queue=None)
-    add_to_dataset(log, entries, dataset)
-    predictions = [PagePrediction(e.page_id, e.text, e.mean_confidence) for e in entries]
-    return FeedbackResult(candidates=len(entries), queue=queue_pages(client, project_id, dataset, predictions, model_version))
+    added = {page.page_id for page in add_to_dataset(log, entries, dataset)}  # images pruned since are skipped
+    predictions = [PagePrediction(e.page_id, e.text, e.mean_confidence) for e in entries if e.page_id in added]
+    return FeedbackResult(candidates=len(entries), queue=queue_pages(client, project_id, dataset, predictions, model_version,
+                                                                        view=view))

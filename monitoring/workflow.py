@@ -48,6 +48,6 @@ def send_low_confidence_to_annotators(cfg: PipelineConfig, log: RequestLog, sinc
     model_version = f"{cfg.evaluation.model_name}-v{holder.version}" if holder else "unregistered"
     handle = label_studio(cfg)
     result = push_low_confidence_pages(handle.client, handle.project_id, log, PageDataset(cfg.production_dir),
-                                       cfg.monitoring.low_confidence, model_version, since=since)
+                                       cfg.monitoring.low_confidence, model_version, since=since, view=handle.view)
     return {"candidates": result.candidates, "queued": len(result.queue.queued) if result.queue else 0,
             "label_studio": handle.url}

@@ -50,6 +50,22 @@ def test_pipeline_config_rejects_unknown_keys_and_stages(tmp_path):
         load_pipeline_config(tmp_path / "missing.yaml")
 
 
+def test_a_typo_in_a_later_stage_fails_before_any_work_in_one_line(tmp_path, capsys):
+    from components.training.config import TrainConfigError
+    from flows._common import resolve
+    from flows.retrain import main
+
+    stages = {"stage1": {"config": "configs/train/stage1.yaml"},
+              "darl": {"config": "configs/train/darl.yaml", "overrides": {"darl.candidatez": 4}}}
+    path = _pipeline_yaml(tmp_path, training={"stages": stages})
+    with pytest.raises(TrainConfigError, match=r"darl\.candidatez: unknown key"):
+        resolve(path)
+    assert main(["--config", path]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("config error:") and "candidatez" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "work").exists()  # nothing ran
+
+
 def test_deploy_section_sets_how_the_triton_models_serve(tmp_path):
     from deploy.triton.repository import MODEL_NAMES, materialize_repository, read_parameters
     from deploy.workflow import repository_options
@@ -96,3 +112,12 @@ def test_retrain_deployment_carries_its_cron_schedule(prefect_api):
     assert stored.name == DEPLOYMENT_NAME
     assert [s.schedule.cron for s in stored.schedules] == ["15 4 * * 2"]
     assert stored.parameters["replay_traffic"] is False
+
+
+def test_stage_progress_line_reads_the_metrics_log(tmp_path):
+    from components.training.stages import progress_line
+
+    metrics = tmp_path / "metrics.jsonl"
+    assert progress_line("stage1", metrics, 3.0) == "[train stage1] starting (3s)"
+    metrics.write_text('{"step": 1, "total_steps": 4, "loss": 9.0}\n{"step": 2, "total_steps": 4, "loss": 3.25}\n')
+    assert progress_line("stage1", metrics, 90.0) == "[train stage1] step 2/4 loss 3.250 ETA 1m30s"

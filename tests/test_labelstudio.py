@@ -385,3 +385,57 @@ def test_queue_order_holds_across_three_sources_of_tasks(client, project_title, 
         assert [p["result"][0]["value"]["text"] for p in visible] == [[markup[task.data["page_id"]]]]
     by_page = {t.data["page_id"]: t.data["model_version"] for t in client.tasks.list(project=project_id)}
     assert by_page[predictions[0].page_id] == "rapidocr:3.4" and by_page[predictions[2].page_id] == "model:abc123"
+
+
+@pytest.mark.services
+def test_block_view_round_trip_boxes_to_markup(client, project_title, tmp_path):
+    """Block view: the pre-annotation's boxes arrive as labelled rectangles with their text; an
+    annotator fixes one box's text, relabels another and moves a box above the rest; on export
+    the page markup is rebuilt from the boxes in reading order, headers/footers dropped."""
+    from components.curation.labelstudio import BLOCKS_LABEL_CONFIG, PagePrediction
+
+    dataset = generate_dataset(tmp_path / "pages", n_pages=1, seed=11)
+    [page] = dataset.pages()
+    body = [e for e in page.elements if e.category in ("text", "title", "table", "formula")]
+    assert len(body) >= 2, "seed 11 should give a page with at least two body blocks"
+    project_id = ensure_project(client, project_title, BLOCKS_LABEL_CONFIG)
+    prediction = PagePrediction(page.page_id, page.markup, 0.4, tuple(page.elements))
+    result = queue_pages(client, project_id, dataset, [prediction], "layout-v1", view="blocks")
+    task = client.tasks.get(id=result.task_ids[page.page_id])
+    assert task.data["prediction_source"] == "layout-v1 (confidence 0.40)"
+    [predicted] = [p if isinstance(p, dict) else p.dict() for p in task.predictions]
+    regions = predicted["result"]
+    assert len(regions) == 2 * len(page.elements)
+    first_box = next(r for r in regions if r["from_name"] == "layout" and r["id"] == "b0")
+    assert first_box["value"]["rectanglelabels"] == [page.elements[0].category]
+    assert first_box["value"]["x"] == pytest.approx(100 * page.elements[0].bbox[0] / page.width)
+
+    # The annotator's edits, as the UI submits them (same region ids for a box and its text).
+    edited = [dict(r, value=dict(r["value"])) for r in regions]
+    last = body[-1]
+    last_id = f"b{page.elements.index(last)}"
+    for region in edited:
+        if region["id"] == last_id:
+            region["value"]["y"] = 0.0  # dragged to the top of the page: now read first
+            if region["from_name"] == "transcription":
+                region["value"]["text"] = ["fixed words"]
+            else:
+                region["value"]["rectanglelabels"] = ["text"]
+    client.annotations.create(id=task.id, result=edited, lead_time=3.0)
+
+    [correction] = export_corrections(client, project_id)
+    assert correction.accepted, correction.problems
+    expected_body = ["fixed words"] + [
+        f"# {e.content}" if e.category == "title" else f"$$\n{e.content}\n$$" if e.category == "formula" else e.content
+        for e in body[:-1]]
+    assert correction.markup == "\n\n".join(expected_body)
+    assert [e.category for e in correction.elements][0] == "text"
+    assert apply_corrections(dataset, [correction]) == [page.page_id]
+    stored = PageDataset(dataset.root).pages()[0]
+    assert stored.markup == correction.markup and stored.elements[0].content == "fixed words"
+
+    # A box left without a category is reported, not silently dropped.
+    unlabeled = [dict(r, value={k: v for k, v in r["value"].items() if k != "rectanglelabels"}) for r in edited]
+    client.annotations.create(id=task.id, result=unlabeled, lead_time=1.0)
+    latest = max(export_corrections(client, project_id), key=lambda c: c.annotation_id)
+    assert not latest.accepted and "has no category" in latest.reason

@@ -45,12 +45,14 @@ from typing import Any
 import httpx
 from lxml import etree
 
-from components.data.markup import parse_markup
-from components.data.pages import PageDataset
+from components.data.markup import ALL_CATEGORIES, BLOCK_CATEGORIES, MarkupBlock, parse_markup, render_markup
+from components.data.pages import InvalidPageError, LayoutElement, Page, PageDataset
 
 MARKUP_FIELD = "markup"
 CONFIDENCE_FIELD = "annotator_confidence"
 IMAGE_FIELD = "page"
+LAYOUT_FIELD = "layout"  # block view: one rectangle per layout element, labelled by category
+TRANSCRIPTION_FIELD = "transcription"  # block view: the markup of each rectangle
 ORDER_VIEW_TITLE = "Lowest confidence first"
 NEEDS_FIX_VIEW_TITLE = "Needs fix"
 VALIDATION_META_KEY = "docmarkup_validation"
@@ -64,6 +66,7 @@ LABEL_CONFIG = f"""<View>
   <View style="color: #b00020; font-weight: bold;">
     <Header value="$validation_error" size="5"/>
   </View>
+  <Header value="Prefilled: $prediction_source" size="6"/>
   <View style="display: flex; gap: 12px; align-items: flex-start;">
     <View style="flex: 1 1 50%;">
       <Image name="{IMAGE_FIELD}" value="$image" zoom="true" zoomControl="true"/>
@@ -81,6 +84,39 @@ LABEL_CONFIG = f"""<View>
   </View>
 </View>
 """
+
+_CATEGORY_COLOURS = {"title": "#d62728", "text": "#1f77b4", "table": "#2ca02c", "formula": "#9467bd",
+                     "header": "#7f7f7f", "footer": "#8c564b"}
+
+# Label Studio's OCR pattern: the pre-annotation's layout boxes as editable rectangles labelled by
+# category, one transcription per box (``perRegion``); the page markup is rebuilt from the boxes
+# in reading order on export. Headers and footers are boxes without markup (as in OmniDocBench).
+BLOCKS_LABEL_CONFIG = f"""<View>
+  <View style="color: #b00020; font-weight: bold;">
+    <Header value="$validation_error" size="5"/>
+  </View>
+  <Header value="Prefilled: $prediction_source" size="6"/>
+  <View style="display: flex; gap: 12px; align-items: flex-start;">
+    <View style="flex: 1 1 60%;">
+      <Image name="{IMAGE_FIELD}" value="$image" zoom="true" zoomControl="true"/>
+      <RectangleLabels name="{LAYOUT_FIELD}" toName="{IMAGE_FIELD}" strokeWidth="2">
+{chr(10).join(f'        <Label value="{c}" background="{colour}"/>' for c, colour in _CATEGORY_COLOURS.items())}
+      </RectangleLabels>
+    </View>
+    <View style="flex: 1 1 40%;">
+      <Header value="Select a box and fix its text (tables as HTML, formulas as LaTeX); draw missing boxes" size="6"/>
+      <TextArea name="{TRANSCRIPTION_FIELD}" toName="{IMAGE_FIELD}" perRegion="true" editable="true" rows="4"
+                displayMode="region-list" placeholder="what this box says"/>
+      <Header value="How sure are you of this correction?" size="6"/>
+      <Choices name="{CONFIDENCE_FIELD}" toName="{IMAGE_FIELD}" choice="single" showInline="true" required="false">
+        <Choice value="sure"/>
+        <Choice value="unsure"/>
+      </Choices>
+    </View>
+  </View>
+</View>
+"""
+LABEL_CONFIGS = {"page": LABEL_CONFIG, "blocks": BLOCKS_LABEL_CONFIG}
 
 PROJECT_DESCRIPTION = (
     "Correct the model's page markup. Pages are ordered lowest model confidence first. "
@@ -106,11 +142,13 @@ class LabelStudioRequestError(RuntimeError):
 
 @dataclass(frozen=True)
 class PagePrediction:
-    """A model's markup for one dataset page and its confidence (lower = review sooner)."""
+    """A model's markup for one dataset page and its confidence (lower = review sooner);
+    ``elements`` (pixel boxes with their markup) fill the block view's rectangles."""
 
     page_id: str
     markup: str
     confidence: float
+    elements: tuple[LayoutElement, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -135,6 +173,7 @@ class Correction:
     annotator_confidence: str | None = None
     accepted: bool = True
     problems: tuple[str, ...] = field(default_factory=tuple)
+    elements: tuple[LayoutElement, ...] = ()  # block view: the corrected boxes, in reading order
 
     @property
     def reason(self) -> str:
@@ -277,19 +316,68 @@ def image_data_uri(dataset: PageDataset, page) -> str:
     return f"data:{mime};base64,{base64.b64encode(raw).decode('ascii')}"
 
 
-def _prediction(pred: PagePrediction, model_version: str) -> dict:
-    return {
-        "model_version": model_version,
-        "score": float(pred.confidence),
-        "result": [
-            {
-                "from_name": MARKUP_FIELD,
-                "to_name": IMAGE_FIELD,
-                "type": "textarea",
-                "value": {"text": [pred.markup]},
-            }
-        ],
-    }
+def _prediction(pred: PagePrediction, model_version: str, page: Page | None = None, view: str = "page") -> dict:
+    if view == "blocks" and page is not None:
+        result = block_regions(pred, page)
+    else:
+        result = [{"from_name": MARKUP_FIELD, "to_name": IMAGE_FIELD, "type": "textarea", "value": {"text": [pred.markup]}}]
+    return {"model_version": model_version, "score": float(pred.confidence), "result": result}
+
+
+def block_regions(pred: PagePrediction, page: Page) -> list[dict]:
+    """Rectangle + transcription results (same region id) for each predicted element; without
+    elements (a model that returns markup only), one page-wide text box holding the markup."""
+    width, height = float(page.width), float(page.height)
+    elements = list(pred.elements) or [LayoutElement("text", (0, 0, width, height), pred.markup)]
+    results = []
+    for index, element in enumerate(elements):
+        x0, y0, x1, y1 = element.bbox
+        box = {"x": 100 * x0 / width, "y": 100 * y0 / height, "width": 100 * (x1 - x0) / width,
+               "height": 100 * (y1 - y0) / height, "rotation": 0}
+        common = {"id": f"b{index}", "to_name": IMAGE_FIELD, "original_width": page.width,
+                  "original_height": page.height, "image_rotation": 0}
+        results.append({**common, "from_name": LAYOUT_FIELD, "type": "rectanglelabels",
+                         "value": {**box, "rectanglelabels": [element.category]}})
+        results.append({**common, "from_name": TRANSCRIPTION_FIELD, "type": "textarea",
+                        "value": {**box, "text": [element.content]}})
+    return results
+
+
+def blocks_from_result(result: list[dict] | None) -> tuple[list[LayoutElement], list[str]]:
+    """The boxes of a block-view annotation in reading order (top to bottom, then left to right),
+    in page pixels, and the problems that stop it from becoming page markup."""
+    regions: dict[str, dict] = {}
+    for item in result or []:
+        if item.get("from_name") not in (LAYOUT_FIELD, TRANSCRIPTION_FIELD) or "id" not in item:
+            continue
+        region = regions.setdefault(item["id"], {"value": item.get("value", {}), "labels": [], "text": [],
+                                                  "size": (item.get("original_width"), item.get("original_height"))})
+        value = item.get("value", {})
+        region["labels"] += value.get("rectanglelabels", [])
+        region["text"] += value.get("text", [])
+    elements, problems = [], []
+    for region_id, region in regions.items():
+        value, (width, height) = region["value"], region["size"]
+        labels = [label for label in region["labels"] if label in ALL_CATEGORIES]
+        if not labels:
+            problems.append(f"box {region_id} has no category (pick one of {', '.join(ALL_CATEGORIES)})")
+            continue
+        if not width or not height:
+            problems.append(f"box {region_id} lacks the image size")
+            continue
+        x0, y0 = value.get("x", 0) * width / 100, value.get("y", 0) * height / 100
+        x1, y1 = x0 + value.get("width", 0) * width / 100, y0 + value.get("height", 0) * height / 100
+        try:
+            elements.append(LayoutElement(labels[0], (x0, y0, x1, y1), "\n".join(str(t) for t in region["text"]).strip()))
+        except InvalidPageError as exc:
+            problems.append(f"box {region_id}: {exc}")
+    elements.sort(key=lambda e: (e.bbox[1], e.bbox[0]))
+    return elements, problems
+
+
+def markup_of(elements: list[LayoutElement]) -> str:
+    """Page markup of block-view boxes: body categories in reading order, headers/footers dropped."""
+    return render_markup([MarkupBlock(e.category, e.content) for e in elements if e.category in BLOCK_CATEGORIES])
 
 
 def queue_pages(
@@ -299,6 +387,7 @@ def queue_pages(
     pages_with_predictions: Iterable[PagePrediction],
     model_version: str,
     *,
+    view: str = "page",
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: Callable[[int, int], None] | None = None,
 ) -> QueueResult:
@@ -328,7 +417,9 @@ def queue_pages(
     already = [p for p in predictions if p.page_id in existing]
     fresh = sorted((p for p in predictions if p.page_id not in existing), key=lambda p: (p.confidence, p.page_id))
 
-    predictions_added = _add_missing_predictions(client, project_id, already, existing, model_version)
+    if view not in LABEL_CONFIGS:
+        raise ValueError(f"unknown Label Studio view {view!r}; choose one of {sorted(LABEL_CONFIGS)}")
+    predictions_added = _add_missing_predictions(client, project_id, already, existing, model_version, pages, view)
     if existing:
         _show_model_version(client, project_id, model_version)
 
@@ -343,9 +434,10 @@ def queue_pages(
                     "page_id": p.page_id,
                     "confidence": round(float(p.confidence), 6),
                     "model_version": model_version,
+                    "prediction_source": f"{model_version} (confidence {p.confidence:.2f})",
                     "validation_error": "",
                 },
-                "predictions": [_prediction(p, model_version)],
+                "predictions": [_prediction(p, model_version, pages[p.page_id], view)],
             }
             for p in batch
         ]
@@ -387,7 +479,8 @@ def _show_model_version(client, project_id: int, model_version: str) -> None:
 
 
 def _add_missing_predictions(
-    client, project_id: int, already: list[PagePrediction], existing: dict[str, int], model_version: str
+    client, project_id: int, already: list[PagePrediction], existing: dict[str, int], model_version: str,
+    pages: dict[str, Page], view: str,
 ) -> list[str]:
     """Give every queued task a prediction of this model_version, so it stays visible and scored.
 
@@ -408,7 +501,7 @@ def _add_missing_predictions(
             continue
         fresh = rescored.get(task_id)
         if fresh is not None:
-            body = _prediction(fresh, model_version)
+            body = _prediction(fresh, model_version, pages.get(fresh.page_id), view)
         elif task_id in latest:
             old = latest[task_id]
             body = {"model_version": model_version, "score": old.score, "result": old.result}
@@ -565,12 +658,16 @@ def export_corrections(client, project_id: int) -> list[Correction]:
                 continue
             texts = _result_value(ann.get("result"), MARKUP_FIELD, "text")
             markup = "\n".join(str(t) for t in texts).strip()
+            elements, box_problems = blocks_from_result(ann.get("result"))
+            if elements or box_problems:  # the block view: markup rebuilt from the boxes
+                markup, texts = markup_of(elements), [markup_of(elements)]
             completed_by = ann.get("completed_by")
             if isinstance(completed_by, dict):
                 annotator = completed_by.get("email") or str(completed_by.get("id"))
             else:
                 annotator = users.get(completed_by, str(completed_by))
             problems = [] if page_id else ["task has no page_id in its data (not imported by queue_pages)"]
+            problems += box_problems
             problems += validate_markup(markup) if texts else ["no corrected markup was submitted"]
             choices = _result_value(ann.get("result"), CONFIDENCE_FIELD, "choices")
             task_corrections.append(
@@ -578,7 +675,7 @@ def export_corrections(client, project_id: int) -> list[Correction]:
                     page_id=page_id, task_id=task.id, annotation_id=int(ann["id"]), markup=markup,
                     annotator=annotator, created_at=_iso(ann.get("created_at")), updated_at=_iso(ann.get("updated_at")),
                     annotator_confidence=choices[0] if choices else None, accepted=not problems,
-                    problems=tuple(problems),
+                    problems=tuple(problems), elements=tuple(elements),
                 )
             )
         if task_corrections:
@@ -649,9 +746,11 @@ def apply_corrections(dataset: PageDataset, corrections: Iterable[Correction]) -
             "annotated_at": corr.updated_at,
             "annotator_confidence": corr.annotator_confidence,
         }
-        if page.markup_override == corr.markup and page.meta.get("correction") == provenance:
+        elements = list(corr.elements) or page.elements
+        if page.markup_override == corr.markup and page.meta.get("correction") == provenance and elements == page.elements:
             continue
-        pages[page_id] = replace(page, markup_override=corr.markup, meta={**page.meta, "correction": provenance})
+        pages[page_id] = replace(page, markup_override=corr.markup, elements=elements,
+                                 meta={**page.meta, "correction": provenance})
         changed.append(page_id)
     if changed:
         dataset.upsert(pages[pid] for pid in changed)

@@ -11,6 +11,7 @@ import zlib
 from dataclasses import dataclass
 
 from components.curation.labelstudio import (
+    LABEL_CONFIGS,
     PagePrediction,
     apply_corrections,
     connect,
@@ -19,7 +20,7 @@ from components.curation.labelstudio import (
     queue_pages,
 )
 from components.curation.mining import mine_consistency, write_hard_examples
-from components.curation.preannotate import make_preannotator, preannotate_dataset
+from components.curation.preannotate import PreAnnotation, make_preannotator, preannotate_dataset
 from components.curation.splits import make_splits
 from components.data.pages import PageDataset
 from components.data.synthetic import SyntheticConfig, generate_page
@@ -34,6 +35,7 @@ class LabelStudioHandle:
     client: object
     url: str
     project_id: int
+    view: str = "page"
 
 
 def ingest_pages(cfg: PipelineConfig) -> dict:
@@ -106,8 +108,14 @@ def merge_preannotations(cfg: PipelineConfig) -> tuple[list[PagePrediction], str
             updated.append(page)
     if updated:
         dataset.upsert(updated)
-    predictions = [PagePrediction(pid, r["markup"], float(r["confidence"])) for pid, r in found.items()]
+    predictions = [PagePrediction(pid, r["markup"], float(r["confidence"]), tuple(preannotation_elements(r)))
+                   for pid, r in found.items()]
     return predictions, model_version
+
+
+def preannotation_elements(record: dict) -> list:
+    """The layout boxes of a stored pre-annotation record (for the block view)."""
+    return PreAnnotation.from_json(record).elements
 
 
 def label_studio(cfg: PipelineConfig) -> LabelStudioHandle:
@@ -123,7 +131,8 @@ def label_studio(cfg: PipelineConfig) -> LabelStudioHandle:
         connection = start_label_studio(section.port)
         url, api_key = connection.url, connection.api_key
     client = connect(url, api_key)
-    return LabelStudioHandle(client=client, url=url, project_id=ensure_project(client, section.project))
+    project_id = ensure_project(client, section.project, LABEL_CONFIGS[section.view])
+    return LabelStudioHandle(client=client, url=url, project_id=project_id, view=section.view)
 
 
 def queue_for_annotation(cfg: PipelineConfig, dataset: PageDataset, predictions: list[PagePrediction], model_version: str) -> dict:
@@ -134,7 +143,7 @@ def queue_for_annotation(cfg: PipelineConfig, dataset: PageDataset, predictions:
     if not chosen:
         return {"queued": 0, "already_queued": 0}
     handle = label_studio(cfg)
-    result = queue_pages(handle.client, handle.project_id, dataset, chosen, model_version)
+    result = queue_pages(handle.client, handle.project_id, dataset, chosen, model_version, view=handle.view)
     return {"queued": len(result.queued), "already_queued": len(result.already_queued), "url": handle.url,
             "project_id": handle.project_id}
 

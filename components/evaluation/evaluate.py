@@ -33,6 +33,7 @@ class DecoderEvaluation:
     speed: dict
     pages: list[dict] = field(default_factory=list)
     outputs: dict[str, list[int]] = field(default_factory=dict)  # page_id -> generated token ids
+    texts: dict[str, str] = field(default_factory=dict)  # page_id -> decoded markup
     wall_seconds: float = 0.0
 
     @property
@@ -67,7 +68,7 @@ class EvaluationReport:
             "n_pages": self.n_pages,
             "baseline": self.baseline,
             "decoders": {
-                name: {k: v for k, v in asdict(ev).items() if k not in ("pages", "outputs")} | {"overall": ev.overall}
+                name: {k: v for k, v in asdict(ev).items() if k not in ("pages", "outputs", "texts")} | {"overall": ev.overall}
                 for name, ev in self.decoders.items()
             },
             "ratios": self.ratios(),
@@ -172,7 +173,8 @@ def evaluate_decoder(
     return DecoderEvaluation(
         name=params.decoder, params=asdict(params), scores=aggregate_scores(page_scores).as_dict(),
         speed=decode_stats_summary(results).as_dict(), pages=rows,
-        outputs={p.page_id: r.token_ids for p, r in zip(pages, results, strict=True)}, wall_seconds=wall,
+        outputs={p.page_id: r.token_ids for p, r in zip(pages, results, strict=True)},
+        texts={p.page_id: r.text for p, r in zip(pages, results, strict=True)}, wall_seconds=wall,
     )
 
 
@@ -199,19 +201,24 @@ def plot_score_vs_speed(report: EvaluationReport, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 4))
-    for name, ev in report.decoders.items():
-        ax.scatter(ev.speed["tokens_per_second"], ev.overall, s=60)
-        ax.annotate(f"{name} (TPF {ev.speed['tokens_per_forward']:.2f})", (ev.speed["tokens_per_second"], ev.overall),
-                    textcoords="offset points", xytext=(5, 5))
+    # Decoders often sit on top of each other (equal scores, close speeds): a legend under the
+    # axes names each marker, so no label can overlap another or leave the figure.
+    fig, ax = plt.subplots(figsize=(6.4, 5.2))
+    markers = "osD^vP*X"
+    for index, (name, ev) in enumerate(report.decoders.items()):
+        ax.scatter(ev.speed["tokens_per_second"], ev.overall, s=70, marker=markers[index % len(markers)], alpha=0.85,
+                   label=f"{name}: Overall {ev.overall:.1f}, {ev.speed['tokens_per_second']:.0f} tok/s, "
+                         f"TPF {ev.speed['tokens_per_forward']:.2f}")
+    ax.margins(x=0.15, y=0.15)
     ax.set_xlabel("tokens / s")
     ax.set_ylabel("Overall (OmniDocBench-style)")
     ax.set_title(f"Score vs speed on {report.n_pages} pages")
     ax.grid(alpha=0.3)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, fontsize=8, frameon=False)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
 

@@ -10,7 +10,7 @@ import mlflow
 from components.data.pages import PageDataset
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
-from components.evaluation.evaluate import EvaluationReport, evaluate_decoders
+from components.evaluation.evaluate import EvaluationReport, assert_held_out, evaluate_decoders
 from components.pipeline import PipelineConfig
 from components.registry import mlflow_registry as registry
 from monitoring.drift import save_reference
@@ -28,7 +28,15 @@ def decoder_params(cfg: PipelineConfig) -> list[DecodeParams]:
 
 def evaluate_model(cfg: PipelineConfig, model_dir: Path) -> EvaluationReport:
     dataset = PageDataset(cfg.split_dir(cfg.evaluation.split))
+    assert_held_out(model_dir, dataset)
     return evaluate_decoders(DecodingEngine.from_pretrained(model_dir), dataset, decoder_params(cfg), limit=cfg.evaluation.max_pages)
+
+
+def sample_page(report: EvaluationReport, dataset: PageDataset) -> dict:
+    """One held-out page's ground truth next to every decoder's output (for people to read)."""
+    page = dataset.pages()[0]
+    return {"page_id": page.page_id, "ground_truth": page.markup,
+            "outputs": {name: ev.texts.get(page.page_id, "") for name, ev in report.decoders.items()}}
 
 
 def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version: dict | None = None,
@@ -50,6 +58,7 @@ def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version:
         "run_id": run_id, "model_name": cfg.evaluation.model_name, "version": version, "promoted": decision.passed,
         "gate_failures": decision.reasons, "previous_champion": decision.previous_champion,
         "table": report.table(), "ratios": report.ratios(), "tracking_uri": mlflow.get_tracking_uri(),
+        "sample": sample_page(report, PageDataset(cfg.split_dir(cfg.evaluation.split))),
     }
 
 

@@ -1,7 +1,9 @@
-"""Optional local servers for people to look at: the MLflow UI/tracking server and a Prefect server.
+"""Local servers for people to look at: the MLflow UI/tracking server and the Prefect server.
 
-Flows do not need either (MLflow writes SQLite directly; Prefect starts a temporary API per
-run), but browsing runs and serving scheduled deployments do.
+MLflow is optional (flows write SQLite directly). Prefect: the life-cycle command
+(``./run demo``, ``python -m flows.retrain``) runs its flows against the project's Prefect server,
+starting it if needed, so every run shows in its UI and no flow leaves a temporary API server
+behind when it is killed (Prefect's temporary server is a child process a SIGKILL orphans).
 """
 
 from __future__ import annotations
@@ -28,7 +30,20 @@ def mlflow_service(port: int = 5000) -> ManagedService:
                           env={"MLFLOW_ENABLE_TELEMETRY": "false"}, startup_timeout_s=90)
 
 
-def prefect_service(port: int = 4200) -> ManagedService:
+PREFECT_PORT = 4200
+
+
+def prefect_api_url(port: int = PREFECT_PORT) -> str:
+    return f"http://{LOOPBACK}:{port}/api"
+
+
+def ensure_prefect_server(port: int = PREFECT_PORT) -> str:
+    """Start the project's Prefect server unless it runs; returns its API URL."""
+    prefect_service(port).start()
+    return prefect_api_url(port)
+
+
+def prefect_service(port: int = PREFECT_PORT) -> ManagedService:
     """A Prefect API + UI server, needed for scheduled deployments to run."""
     home = VAR_DIR / "prefect"
     home.mkdir(parents=True, exist_ok=True)

@@ -224,8 +224,10 @@ def _split_override(text: str) -> tuple[str, Any]:
     return key.strip(), yaml.safe_load(value)
 
 
-def parse_train_config(raw: dict[str, Any], source: str = "<dict>") -> TrainConfig:
-    """Validate a raw config tree; all problems are reported together with dotted key paths."""
+def parse_train_config(raw: dict[str, Any], source: str = "<dict>", check_paths: bool = True) -> TrainConfig:
+    """Validate a raw config tree; all problems are reported together with dotted key paths.
+    ``check_paths=False`` skips ``model.init_from`` (a pipeline validates stages before the
+    earlier stages have written the folders later ones start from)."""
     try:
         config = TrainConfig.model_validate(raw)
     except ValidationError as exc:
@@ -240,7 +242,7 @@ def parse_train_config(raw: dict[str, Any], source: str = "<dict>") -> TrainConf
     deepspeed_file = config.path(config.deepspeed)
     if not deepspeed_file.is_file():
         raise TrainConfigError(f"invalid training config {source}: deepspeed file {deepspeed_file} does not exist")
-    if config.model.init_from is not None and not (config.path(config.model.init_from) / "config.json").is_file():
+    if check_paths and config.model.init_from is not None and not (config.path(config.model.init_from) / "config.json").is_file():
         raise TrainConfigError(
             f"invalid training config {source}: model.init_from {config.path(config.model.init_from)} is not a model "
             "folder (no config.json); train the previous stage first or point it at a saved model"
@@ -248,7 +250,9 @@ def parse_train_config(raw: dict[str, Any], source: str = "<dict>") -> TrainConf
     return config
 
 
-def load_train_config(path: str | Path, overrides: list[str] | dict[str, Any] | None = None) -> TrainConfig:
+def load_train_config(
+    path: str | Path, overrides: list[str] | dict[str, Any] | None = None, check_paths: bool = True
+) -> TrainConfig:
     path = resolve_path(path)
     if not path.is_file():
         raise TrainConfigError(f"training config {path} does not exist")
@@ -258,4 +262,4 @@ def load_train_config(path: str | Path, overrides: list[str] | dict[str, Any] | 
         raise TrainConfigError(f"training config {path} is not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise TrainConfigError(f"training config {path} must be a mapping at the top level")
-    return parse_train_config(apply_overrides(raw, overrides), source=str(path))
+    return parse_train_config(apply_overrides(raw, overrides), source=str(path), check_paths=check_paths)

@@ -11,12 +11,16 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from components.pipeline import PipelineConfig, _resolve
 from components.services.process import PROJECT_ROOT
+
+PROGRESS_EVERY_S = 20.0
 
 
 class StageFailed(RuntimeError):
@@ -48,6 +52,16 @@ def stage_overrides(cfg: PipelineConfig, stage: str, dataset_dir: Path, init_fro
     return overrides
 
 
+def validate_stages(cfg: PipelineConfig) -> None:
+    """Load every stage's YAML with the pipeline's overrides now, before any work starts, so a
+    typo in the DARL overrides fails in a second instead of after Stage 1 has trained."""
+    from components.training.config import load_train_config
+
+    for stage in cfg.training.stages:
+        overrides = stage_overrides(cfg, stage, cfg.split_dir("train"), None, None, None)
+        load_train_config(_resolve(cfg.training.stages[stage].config), overrides, check_paths=False)
+
+
 def launch_command(cfg: PipelineConfig, config_path: Path, overrides: dict[str, Any]) -> list[str]:
     sets = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={_yaml_value(value)}")]
     module = ["-m", "components.training.launch", "--config", str(config_path), *sets]
@@ -76,18 +90,43 @@ def run_stage(cfg: PipelineConfig, stage: str, *, dataset_dir: Path, init_from: 
     log_file = cfg.run_dir / "train" / f"{stage}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with log_file.open("w") as log:
+    metrics_file = cfg.run_dir / "train" / stage / "metrics.jsonl"
+    print(f"[train {stage}] started; full log: {log_file}", flush=True)
+    with log_file.open("w") as log, tempfile.TemporaryFile("w+") as stdout:
         log.write(" ".join(command) + "\n")
         log.flush()
-        completed = subprocess.run(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-        log.write(completed.stdout)
-    if completed.returncode != 0:
+        process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=stdout, stderr=log, text=True, env=env)
+        started = time.monotonic()
+        while True:
+            try:
+                returncode = process.wait(timeout=PROGRESS_EVERY_S)
+                break
+            except subprocess.TimeoutExpired:
+                print(progress_line(stage, metrics_file, time.monotonic() - started), flush=True)
+        stdout.seek(0)
+        output = stdout.read()
+        log.write(output)
+    if returncode != 0:
         tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-25:])
-        raise StageFailed(f"training stage {stage} exited with {completed.returncode}; log {log_file}:\n{tail}")
-    summary = _last_json_line(completed.stdout)
+        raise StageFailed(f"training stage {stage} exited with {returncode}; log {log_file}:\n{tail}")
+    summary = _last_json_line(output)
     if not summary.get("model_dir"):
         raise StageFailed(f"training stage {stage} finished without a model folder; log {log_file}")
     return StageResult(stage=stage, model_dir=Path(summary["model_dir"]), summary=summary, log_file=log_file)
+
+
+def progress_line(stage: str, metrics_file: Path, elapsed_s: float) -> str:
+    """``[train stage1] step 120/240 loss 3.210 ETA 1m40s`` from the stage's metrics log."""
+    try:
+        last = json.loads(metrics_file.read_text().splitlines()[-1])
+    except (FileNotFoundError, IndexError, json.JSONDecodeError):
+        return f"[train {stage}] starting ({elapsed_s:.0f}s)"
+    step, total = int(last.get("step", 0)), int(last.get("total_steps", 0) or 0)
+    eta = ""
+    if total and step:
+        remaining = elapsed_s / step * (total - step)
+        eta = f" ETA {int(remaining // 60)}m{int(remaining % 60):02d}s"
+    return f"[train {stage}] step {step}/{total or '?'} loss {last.get('loss', float('nan')):.3f}{eta}"
 
 
 def _last_json_line(text: str) -> dict:

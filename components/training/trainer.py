@@ -290,7 +290,7 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
             grad_norm = engine.get_global_grad_norm()
             seconds = time.time() - step_started
             finished = step + 1
-            record.update(step=finished, lr=lr, step_seconds=seconds, epoch=plan.epoch_of(finished),
+            record.update(step=finished, total_steps=total, lr=lr, step_seconds=seconds, epoch=plan.epoch_of(finished),
                           samples_per_second=plan.global_batch / max(seconds, 1e-9))
             if grad_norm is not None:
                 record["grad_norm"] = float(grad_norm)
