@@ -429,7 +429,7 @@ def test_block_view_round_trip_boxes_to_markup(client, project_title, tmp_path):
         f"# {e.content}" if e.category == "title" else f"$$\n{e.content}\n$$" if e.category == "formula" else e.content
         for e in body[:-1]]
     assert correction.markup == "\n\n".join(expected_body)
-    assert [e.category for e in correction.elements][0] == "text"
+    assert correction.elements[0].category == "text"
     assert apply_corrections(dataset, [correction]) == [page.page_id]
     stored = PageDataset(dataset.root).pages()[0]
     assert stored.markup == correction.markup and stored.elements[0].content == "fixed words"
