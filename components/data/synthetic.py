@@ -63,6 +63,11 @@ class SyntheticConfig:
     def preset(cls, name: str) -> SyntheticConfig:
         presets = {
             "tiny": cls(),
+            # A reading curriculum for training from scratch: one or two short blocks per page, so
+            # a fresh model finds which image cells hold the next word long before it could on
+            # full pages. Never an evaluation preset.
+            "lines": cls(max_body_elements=2, paragraph_words=(1, 8), table_rows=(2, 2), table_cols=(2, 2),
+                         formula_terms=(1, 1), p_header=0.2, p_footer=0.2),
             "standard": cls(
                 width=768, height=1024, margin=48, font_size=18, title_font_size=28, small_font_size=13,
                 lexicon_size=len(LEXICON), max_body_elements=10, paragraph_words=(12, 60),

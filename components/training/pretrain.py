@@ -30,40 +30,49 @@ from components.training.config import PROJECT_ROOT, TrainConfigError, load_trai
 # Seed ranges: the demo and tests draw pages from small seeds; pretraining from 10M up; held-out
 # evaluation of the base (and the benchmark's default) from 90M up. Ranges never overlap.
 PRETRAIN_SEED = 10_000_000
+LINES_SEED = 20_000_000  # the "lines" reading curriculum
 HELD_OUT_SEED = 90_000_000
 DEFAULT_OUT = PROJECT_ROOT / "models" / "pretrained" / "docmarkup-base"
 WORK_DIR = PROJECT_ROOT / "var" / "pretrain"
 CHUNK = 500
 
 
-def generate_pages(root: Path, n_pages: int, seed: int, preset: str = "tiny") -> PageDataset:
-    """Synthetic pages ``seed .. seed+n-1`` in ``root``; an interrupted run continues where it stopped."""
+def generate_pages(root: Path, parts: list[tuple[str, int, int]]) -> PageDataset:
+    """Synthetic pages in ``root``: for each ``(preset, n_pages, first_seed)`` the pages of seeds
+    ``first_seed ..``; written in chunks, so an interrupted run continues where it stopped."""
     from tqdm.auto import tqdm
 
     from components.data.synthetic import SyntheticConfig, generate_page
 
     dataset = PageDataset(root)
     chunks = root / "chunks"
-    if dataset.exists() and len(dataset) == n_pages:
+    total = sum(n for _, n, _ in parts)
+    if dataset.exists() and len(dataset) == total:
         return dataset
     chunks.mkdir(parents=True, exist_ok=True)
-    cfg = SyntheticConfig.preset(preset)
-    n_chunks = (n_pages + CHUNK - 1) // CHUNK
-    done = {p.stem for p in chunks.glob("chunk-*.jsonl")}
-    with tqdm(total=n_pages, initial=len(done) * CHUNK, desc="pages", unit="page", dynamic_ncols=True) as bar:
-        for index in range(n_chunks):
-            name = f"chunk-{index:05d}"
-            if name in done:
-                continue
-            records = []
-            for offset in range(index * CHUNK, min(n_pages, (index + 1) * CHUNK)):
-                page, image = generate_page(seed + offset, cfg)
-                records.append(replace(page, image=dataset.save_image(page.page_id, image)))
-                bar.update(1)
-            atomic_write_text(chunks / f"{name}.jsonl", "".join(json.dumps(p.to_json()) + "\n" for p in records))
+    names: list[str] = []
+    done = {p.stem for p in chunks.glob("*.jsonl")}
+    with tqdm(total=total, desc="pages", unit="page", dynamic_ncols=True) as bar:
+        for preset, n_pages, seed in parts:
+            cfg = SyntheticConfig.preset(preset)
+            for index in range((n_pages + CHUNK - 1) // CHUNK):
+                name = f"{preset}-{seed}-{index:05d}"
+                names.append(name)
+                first, last = index * CHUNK, min(n_pages, (index + 1) * CHUNK)
+                if name in done:
+                    bar.update(last - first)
+                    continue
+                records = []
+                for offset in range(first, last):
+                    page_id = None if preset == "tiny" else f"{preset}-{seed + offset:08d}"
+                    page, image = generate_page(seed + offset, cfg, page_id=page_id)
+                    records.append(replace(page, image=dataset.save_image(page.page_id, image), meta={
+                        **page.meta, "preset": preset}))
+                    bar.update(1)
+                atomic_write_text(chunks / f"{name}.jsonl", "".join(json.dumps(p.to_json()) + "\n" for p in records))
     pages: list[Page] = []
-    for index in range(n_chunks):
-        lines = (chunks / f"chunk-{index:05d}.jsonl").read_text().splitlines()
+    for name in names:
+        lines = (chunks / f"{name}.jsonl").read_text().splitlines()
         pages += [Page.from_json(json.loads(line)) for line in lines if line.strip()]
     dataset.write(pages)
     return dataset
@@ -136,8 +145,10 @@ markup BPE tokenizer ({meta['vocab_size']} tokens incl. `<INIT>` / `<MASK>`).
 
 Made by `./run pretrain` ({meta['command']}).
 
-- Data: {meta['pages']} synthetic `{meta['preset']}` pages, seeds {meta['seed']}..{meta['seed'] + meta['pages'] - 1}
-  (the demo uses seeds below 1M; held-out evaluation uses {meta['held_out_seed']}+).
+- Data: {meta['pages']} synthetic `{meta['preset']}` pages, seeds {meta['seed']}..{meta['seed'] + meta['pages'] - 1},
+  plus {meta['lines_pages']} easy `lines` pages (one or two short blocks; seeds {meta['lines_seed']}+) mixed in from
+  step {meta.get('lines_from_step', 0)} as a reading curriculum (the demo uses seeds below 1M; held-out evaluation
+  uses {meta['held_out_seed']}+).
 - Training: {meta['steps']} optimizer steps, batch {meta['micro_batch_size']}, objectives {meta['objectives']},
   AdamW lr {meta['lr']} ({meta['schedule']}), DeepSpeed ZeRO-{meta['zero_stage']}.
 - Machine: {meta['machine']}; training wall time {meta['train_seconds'] / 3600:.2f} h over
@@ -166,7 +177,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="./run pretrain", description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="configs/train/pretrain.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--pages", type=int, default=12_000, help="synthetic training pages")
+    parser.add_argument("--pages", type=int, default=12_000, help="synthetic training pages (tiny preset)")
+    parser.add_argument("--lines-pages", type=int, default=6_000,
+                        help="extra easy pages (lines preset: one or two short blocks) mixed in as a reading curriculum")
     parser.add_argument("--eval-pages", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -188,14 +201,20 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
     print(f"[pretrain] pages -> {pages_dir}; checkpoints and log -> {train_dir} (metrics.jsonl)")
-    generate_pages(pages_dir, args.pages, PRETRAIN_SEED)
-    generate_pages(held_out_dir, args.eval_pages, HELD_OUT_SEED)
+    generate_pages(pages_dir, [("tiny", args.pages, PRETRAIN_SEED), ("lines", args.lines_pages, LINES_SEED)])
+    generate_pages(held_out_dir, [("tiny", args.eval_pages, HELD_OUT_SEED)])
 
     from components.training.runtime import ensure_process_env
 
     ensure_process_env()
     from components.training.trainer import run_training
 
+    curriculum_file = work / "curriculum.json"
+    if not curriculum_file.exists():  # from which step the lines pages were in the data
+        from components.training.trainer import latest_checkpoint
+
+        found = latest_checkpoint(train_dir)
+        atomic_write_text(curriculum_file, json.dumps({"lines_from_step": found[1] if found else 0}))
     sessions_file, curve_file = work / "sessions.json", train_dir / "curve.jsonl"
     sessions = json.loads(sessions_file.read_text()) if sessions_file.exists() else []
     started = time.time()
@@ -238,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "command": "python -m components.training.pretrain " + " ".join(argv if argv is not None else sys.argv[1:]),
         "pages": args.pages, "preset": "tiny", "seed": PRETRAIN_SEED, "held_out_seed": HELD_OUT_SEED,
+        "lines_pages": args.lines_pages, "lines_seed": LINES_SEED,
         "steps": result.final_step, "micro_batch_size": config.train.micro_batch_size,
         "objectives": config.active_objectives, "lr": config.optim.lr, "schedule": config.optim.schedule,
         "zero_stage": json.loads(config.path(config.deepspeed).read_text())["zero_optimization"]["stage"],
@@ -246,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         "train_seconds": sum(s["train_seconds"] for s in sessions), "sessions": len(sessions),
         "parameters": count_parameters(model), "vocab_size": len(tokenizer), "max_new_tokens": args.max_new_tokens,
         "final_loss": history[-1]["loss"] if history else None, "evaluation": evaluation, "curve": curve,
-        "curve_pages": 16,
+        "curve_pages": 16, **json.loads(curriculum_file.read_text()),
     }
     out = args.out.resolve()
     staging = out.with_name(out.name + ".partial")
