@@ -44,7 +44,11 @@ def ingest_pages(cfg: PipelineConfig) -> dict:
     existing = {p.page_id for p in dataset.pages()} if dataset.exists() else set()
     synthetic = SyntheticConfig.preset(cfg.ingest.synthetic_preset)
     new_pages = []
-    for offset in range(cfg.ingest.synthetic_pages):
+    total = cfg.ingest.synthetic_pages
+    report_every = max(1, total // 10)
+    for offset in range(total):
+        if offset and offset % report_every == 0:
+            print(f"[ingest] synthetic pages {offset}/{total} ({len(new_pages)} new) -> {cfg.pages_dir}", flush=True)
         seed = cfg.ingest.synthetic_seed + offset
         page_id = f"syn-{seed:08d}"
         if page_id in existing:
