@@ -60,22 +60,21 @@ DEFAULT_BATCH_SIZE = 50
 MAX_IMAGE_BYTES = 8 * 1024 * 1024
 UNCERTAINTY_SAMPLING = "Uncertainty sampling"
 
-# Image on the left, editable markup on the right. ``$validation_error`` is empty until a
-# submitted correction fails validation; then the reason shows above the page.
-LABEL_CONFIG = f"""<View>
+def _two_column_config(image_extra: str, edit_side: str, image_share: int) -> str:
+    """The page image on the left, the editor on the right. ``$validation_error`` is empty until a
+    submitted correction fails validation; then the reason shows above the page. The header says
+    which prediction was prefilled (model version and confidence)."""
+    return f"""<View>
   <View style="color: #b00020; font-weight: bold;">
     <Header value="$validation_error" size="5"/>
   </View>
   <Header value="Prefilled: $prediction_source" size="6"/>
   <View style="display: flex; gap: 12px; align-items: flex-start;">
-    <View style="flex: 1 1 50%;">
+    <View style="flex: 1 1 {image_share}%;">
       <Image name="{IMAGE_FIELD}" value="$image" zoom="true" zoomControl="true"/>
-    </View>
-    <View style="flex: 1 1 50%;">
-      <Header value="Page markup: fix it to match the page (blank line between blocks; tables as HTML)" size="6"/>
-      <TextArea name="{MARKUP_FIELD}" toName="{IMAGE_FIELD}" editable="true" maxSubmissions="1" rows="28"
-                showSubmitButton="false" placeholder="corrected page markup"/>
-      <Header value="How sure are you of this correction?" size="6"/>
+{image_extra}    </View>
+    <View style="flex: 1 1 {100 - image_share}%;">
+{edit_side}      <Header value="How sure are you of this correction?" size="6"/>
       <Choices name="{CONFIDENCE_FIELD}" toName="{IMAGE_FIELD}" choice="single" showInline="true" required="false">
         <Choice value="sure"/>
         <Choice value="unsure"/>
@@ -84,6 +83,13 @@ LABEL_CONFIG = f"""<View>
   </View>
 </View>
 """
+
+
+# The whole page's markup in one text box.
+LABEL_CONFIG = _two_column_config("", f"""      <Header value="Page markup: fix it to match the page (blank line between blocks; tables as HTML)" size="6"/>
+      <TextArea name="{MARKUP_FIELD}" toName="{IMAGE_FIELD}" editable="true" maxSubmissions="1" rows="28"
+                showSubmitButton="false" placeholder="corrected page markup"/>
+""", 50)
 
 _CATEGORY_COLOURS = {"title": "#d62728", "text": "#1f77b4", "table": "#2ca02c", "formula": "#9467bd",
                      "header": "#7f7f7f", "footer": "#8c564b"}
@@ -91,31 +97,13 @@ _CATEGORY_COLOURS = {"title": "#d62728", "text": "#1f77b4", "table": "#2ca02c", 
 # Label Studio's OCR pattern: the pre-annotation's layout boxes as editable rectangles labelled by
 # category, one transcription per box (``perRegion``); the page markup is rebuilt from the boxes
 # in reading order on export. Headers and footers are boxes without markup (as in OmniDocBench).
-BLOCKS_LABEL_CONFIG = f"""<View>
-  <View style="color: #b00020; font-weight: bold;">
-    <Header value="$validation_error" size="5"/>
-  </View>
-  <Header value="Prefilled: $prediction_source" size="6"/>
-  <View style="display: flex; gap: 12px; align-items: flex-start;">
-    <View style="flex: 1 1 60%;">
-      <Image name="{IMAGE_FIELD}" value="$image" zoom="true" zoomControl="true"/>
-      <RectangleLabels name="{LAYOUT_FIELD}" toName="{IMAGE_FIELD}" strokeWidth="2">
+BLOCKS_LABEL_CONFIG = _two_column_config(f"""      <RectangleLabels name="{LAYOUT_FIELD}" toName="{IMAGE_FIELD}" strokeWidth="2">
 {chr(10).join(f'        <Label value="{c}" background="{colour}"/>' for c, colour in _CATEGORY_COLOURS.items())}
       </RectangleLabels>
-    </View>
-    <View style="flex: 1 1 40%;">
-      <Header value="Select a box and fix its text (tables as HTML, formulas as LaTeX); draw missing boxes" size="6"/>
+""", f"""      <Header value="Select a box and fix its text (tables as HTML, formulas as LaTeX); draw missing boxes" size="6"/>
       <TextArea name="{TRANSCRIPTION_FIELD}" toName="{IMAGE_FIELD}" perRegion="true" editable="true" rows="4"
                 displayMode="region-list" placeholder="what this box says"/>
-      <Header value="How sure are you of this correction?" size="6"/>
-      <Choices name="{CONFIDENCE_FIELD}" toName="{IMAGE_FIELD}" choice="single" showInline="true" required="false">
-        <Choice value="sure"/>
-        <Choice value="unsure"/>
-      </Choices>
-    </View>
-  </View>
-</View>
-"""
+""", 60)
 LABEL_CONFIGS = {"page": LABEL_CONFIG, "blocks": BLOCKS_LABEL_CONFIG}
 
 PROJECT_DESCRIPTION = (
