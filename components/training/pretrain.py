@@ -181,7 +181,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lines-pages", type=int, default=6_000,
                         help="extra easy pages (lines preset: one or two short blocks) mixed in as a reading curriculum")
     parser.add_argument("--eval-pages", type=int, default=64)
-    parser.add_argument("--max-new-tokens", type=int, default=384)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--work-dir", type=Path, default=WORK_DIR)
     parser.add_argument("--decoders", default="ar,sdb,block,ppc")
