@@ -99,6 +99,7 @@ class GatesSection(_Strict):
 
 class EvaluationSection(_Strict):
     split: Literal["val", "test"] = "test"
+    pages_dir: str | None = None  # any page folder (pages.jsonl + images) to evaluate on instead of the split
     max_pages: int | None = Field(24, ge=1)
     max_new_tokens: int = Field(256, ge=8)
     decoders: list[Literal["ar", "sdb", "block", "ppc"]] = Field(default_factory=lambda: ["ar", "sdb", "block", "ppc"])
@@ -173,6 +174,11 @@ class PipelineConfig(_Strict):
 
     def split_dir(self, split: str) -> Path:
         return self.splits_dir / split
+
+    @property
+    def evaluation_dir(self) -> Path:
+        """The pages the evaluation scores: ``evaluation.pages_dir`` if set, else the held-out split."""
+        return _resolve(self.evaluation.pages_dir) if self.evaluation.pages_dir else self.split_dir(self.evaluation.split)
 
     @property
     def hard_dir(self) -> Path:

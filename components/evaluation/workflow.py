@@ -27,7 +27,7 @@ def decoder_params(cfg: PipelineConfig) -> list[DecodeParams]:
 
 
 def evaluate_model(cfg: PipelineConfig, model_dir: Path) -> EvaluationReport:
-    dataset = PageDataset(cfg.split_dir(cfg.evaluation.split))
+    dataset = PageDataset(cfg.evaluation_dir)
     assert_held_out(model_dir, dataset)
     return evaluate_decoders(DecodingEngine.from_pretrained(model_dir), dataset, decoder_params(cfg), limit=cfg.evaluation.max_pages)
 
@@ -44,7 +44,7 @@ def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version:
     """The evaluation flow's body: one MLflow run, one registered version, an alias only if gates pass."""
     registry.configure(experiment=f"{cfg.name}-evaluation")
     report = evaluate_model(cfg, model_dir)
-    params = {"model_dir": str(model_dir), "split": cfg.evaluation.split, "n_pages": report.n_pages,
+    params = {"model_dir": str(model_dir), "split": cfg.evaluation.pages_dir or cfg.evaluation.split, "n_pages": report.n_pages,
               **{f"decoder.{p.decoder}": p for p in decoder_params(cfg)}, **{f"train.{k}": v for k, v in (training or {}).items()}}
     tags = {f"data.{k}": str(v) for k, v in (data_version or {}).items()}
     run_id = registry.log_evaluation(report, model_dir, params=params, data_version=(data_version or {}).get("md5"), tags=tags)
@@ -58,7 +58,7 @@ def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version:
         "run_id": run_id, "model_name": cfg.evaluation.model_name, "version": version, "promoted": decision.passed,
         "gate_failures": decision.reasons, "previous_champion": decision.previous_champion,
         "table": report.table(), "ratios": report.ratios(), "tracking_uri": mlflow.get_tracking_uri(),
-        "sample": sample_page(report, PageDataset(cfg.split_dir(cfg.evaluation.split))),
+        "sample": sample_page(report, PageDataset(cfg.evaluation_dir)),
     }
 
 
