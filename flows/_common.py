@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Any
 
 from prefect.cache_policies import NONE
@@ -49,3 +51,25 @@ def task_runner_for(cfg: PipelineConfig):
     from prefect.task_runners import ThreadPoolTaskRunner
 
     return ThreadPoolTaskRunner(max_workers=cfg.execution.workers)
+
+
+@contextlib.contextmanager
+def project_prefect_server():
+    """Run the flows against ``PREFECT_API_URL`` if set, else the project's Prefect server (started if
+    needed): every run shows in its UI, and a killed flow leaves no temporary server behind."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    if os.environ.get("PREFECT_API_URL"):
+        yield os.environ["PREFECT_API_URL"]
+        return
+    from components.services.tracking import ensure_prefect_server
+
+    url = ensure_prefect_server()
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        yield url
+
+
+def run_flow_cli(flow_fn, *args) -> None:
+    """A flow module's ``__main__``: the flow against the project's Prefect server."""
+    with project_prefect_server():
+        flow_fn(*args)

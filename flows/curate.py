@@ -8,7 +8,7 @@ from prefect import flow, get_run_logger, task, unmapped
 
 from components.curation import workflow
 from components.data.pages import PageDataset
-from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve, task_runner_for
+from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve, run_flow_cli, task_runner_for
 
 ingest = task(workflow.ingest_pages, name="ingest-pages", **TASK_DEFAULTS)
 preannotate_shard = task(workflow.preannotate_shard, name="pre-annotate-shard", **TASK_DEFAULTS)
@@ -45,4 +45,4 @@ def curate(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None
 if __name__ == "__main__":
     import sys
 
-    curate(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CONFIG)
+    run_flow_cli(curate, sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CONFIG)

@@ -7,7 +7,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 
 from deploy.workflow import ensure_serving, smoke_test
-from flows._common import DEFAULT_CONFIG, SERVICE_TASK, resolve
+from flows._common import DEFAULT_CONFIG, SERVICE_TASK, resolve, run_flow_cli
 
 serve = task(ensure_serving, name="triton-serve-champion", **SERVICE_TASK)
 smoke = task(smoke_test, name="triton-smoke-test", **SERVICE_TASK)
@@ -27,4 +27,4 @@ def deploy(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None
 if __name__ == "__main__":
     import sys
 
-    deploy(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CONFIG)
+    run_flow_cli(deploy, sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CONFIG)

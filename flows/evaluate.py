@@ -9,7 +9,7 @@ from prefect import flow, get_run_logger, task
 
 from components.curation.workflow import current_data_version
 from components.evaluation.workflow import evaluate_and_register
-from flows._common import DEFAULT_CONFIG, TASK_DEFAULTS, resolve
+from flows._common import DEFAULT_CONFIG, TASK_DEFAULTS, resolve, run_flow_cli
 
 evaluate_task = task(evaluate_and_register, name="evaluate-register-gate", **TASK_DEFAULTS)
 
@@ -31,4 +31,4 @@ def evaluate(model_dir: str, config: str = DEFAULT_CONFIG, overrides: dict[str, 
 if __name__ == "__main__":
     import sys
 
-    evaluate(sys.argv[1], *(sys.argv[2:3] or [DEFAULT_CONFIG]))
+    run_flow_cli(evaluate, sys.argv[1], *(sys.argv[2:3] or [DEFAULT_CONFIG]))

@@ -6,7 +6,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 
-from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve
+from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve, run_flow_cli
 from monitoring.request_log import RequestLog
 from monitoring.workflow import check_production_drift, send_low_confidence_to_annotators
 
@@ -27,4 +27,4 @@ def monitor(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = Non
 if __name__ == "__main__":
     import sys
 
-    monitor(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CONFIG)
+    run_flow_cli(monitor, sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CONFIG)

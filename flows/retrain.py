@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -17,7 +16,14 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 
 from deploy.workflow import replay_pages
-from flows._common import DEFAULT_CONFIG, DEMO_CONFIG, SERVICE_TASK, config_errors, resolve
+from flows._common import (
+    DEFAULT_CONFIG,
+    DEMO_CONFIG,
+    SERVICE_TASK,
+    config_errors,
+    project_prefect_server,
+    resolve,
+)
 from flows.curate import curate
 from flows.deploy import deploy
 from flows.evaluate import evaluate
@@ -127,23 +133,6 @@ def main(argv: list[str] | None = None) -> int:
     summary["prefect_ui"] = prefect_url.removesuffix("/api")
     print(where_things_are(summary))
     return 0
-
-
-@contextlib.contextmanager
-def project_prefect_server():
-    """Run the flows against ``PREFECT_API_URL`` if set, else the project's Prefect server."""
-    import os
-
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    if os.environ.get("PREFECT_API_URL"):
-        yield os.environ["PREFECT_API_URL"]
-        return
-    from components.services.tracking import ensure_prefect_server
-
-    url = ensure_prefect_server()
-    with temporary_settings(updates={PREFECT_API_URL: url}):
-        yield url
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from prefect import flow, get_run_logger, task
 from components.curation import workflow as curation
 from components.data.pages import PageDataset
 from components.training.stages import run_stage
-from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve
+from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve, run_flow_cli
 
 stage_task = task(run_stage, name="train-stage", **TASK_DEFAULTS)
 mine = task(curation.mine_hard_examples, name="mine-hard-examples", **TASK_DEFAULTS)
@@ -58,4 +58,4 @@ def train(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None)
 if __name__ == "__main__":
     import sys
 
-    train(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CONFIG)
+    run_flow_cli(train, sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CONFIG)
