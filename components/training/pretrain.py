@@ -151,8 +151,9 @@ Made by `./run pretrain` ({meta['command']}).
   uses {meta['held_out_seed']}+).
 - Training: {meta['steps']} optimizer steps, batch {meta['micro_batch_size']}, objectives {meta['objectives']},
   AdamW lr {meta['lr']} ({meta['schedule']}), DeepSpeed ZeRO-{meta['zero_stage']}.
-- Machine: {meta['machine']}; training wall time {meta['train_seconds'] / 3600:.2f} h over
-  {meta['sessions']} session(s) (interrupted runs resume from the last checkpoint).
+- Machine: {meta['machine']}; training wall time {meta['train_seconds'] / 3600:.2f} h in
+  {meta['sessions']} segments (the run pauses every `--curve-every` steps to score a checkpoint; an
+  interrupted run resumes from its last checkpoint).
 
 ## Held-out evaluation
 
