@@ -4,10 +4,10 @@ Every service the project needs is launched by this module, bound to 127.0.0.1, 
 PID, log and state under ``var/services/<name>/``. Stopping signals the service's whole
 process group (services spawn workers), first politely, then for good.
 
-Secrets (passwords, API tokens, admin keys) live in 0600 files under the state folder and
-reach a service through its environment; a service's log and state folder are private to
-the user (0600 / 0700), and any secret that must appear in a command line is redacted from
-the logged copy of it.
+Secrets (passwords, API tokens, admin keys) live in 0600 files under the state folder and reach
+a service through its environment wherever it reads them there (Label Studio); a secret a service
+only takes as an argument (Triton's admin key) is redacted from the logged command line. A
+service's log, PID file and state folder are private to the user (0600 / 0700).
 """
 
 from __future__ import annotations
