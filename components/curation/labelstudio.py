@@ -648,7 +648,8 @@ def export_corrections(client, project_id: int) -> list[Correction]:
             markup = "\n".join(str(t) for t in texts).strip()
             elements, box_problems = blocks_from_result(ann.get("result"))
             if elements or box_problems:  # the block view: markup rebuilt from the boxes
-                markup, texts = markup_of(elements), [markup_of(elements)]
+                markup = markup_of(elements)
+                texts = [markup]
             completed_by = ann.get("completed_by")
             if isinstance(completed_by, dict):
                 annotator = completed_by.get("email") or str(completed_by.get("id"))
