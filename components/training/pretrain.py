@@ -247,7 +247,6 @@ def main(argv: list[str] | None = None) -> int:
     evaluation = evaluate_base(result.model_dir, held_out_dir, args.eval_pages, args.max_new_tokens,
                                args.decoders.split(","))
     history = [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    curve_file = train_dir / "curve.jsonl"
     curve = [json.loads(line) for line in curve_file.read_text().splitlines()] if curve_file.exists() else []
     from models.docvlm import count_parameters
     from models.loading import load_markup_model
