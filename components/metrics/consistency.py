@@ -10,9 +10,11 @@ over all T·(T−1)/2 pairs, in [0, 1], with a similarity chosen per kind of out
 - ``"layout"``: mean matched IoU (``layout_similarity``); outputs are then lists of boxes;
 - ``"page"``: ``page_similarity`` on two page markups (below).
 
-Page similarity: both markups are parsed and grouped (text+title, table, formula); inside each
-group blocks are matched one-to-one (Hungarian on edit distance) and a matched pair scores TEDS
-for tables and 1 − normalized edit distance otherwise. Unmatched blocks on either side score 0,
+Page similarity: both markups are split as the evaluation splits a prediction
+(``extract_elements``) and grouped (text blocks, display formulas, HTML tables), each normalized
+as the OmniDocBench metrics normalize it; inside each group blocks are matched one-to-one
+(Hungarian on edit distance) and a matched pair scores TEDS for tables and 1 − normalized edit
+distance otherwise. Unmatched blocks on either side score 0,
 and every block counts once, so the result is
 ``sum(matched similarities) / sum over groups of max(n_a, n_b)``; two empty pages score 1.
 Neither side is ground truth, so the measure is symmetric.
@@ -24,37 +26,55 @@ from collections.abc import Sequence
 from itertools import combinations
 from typing import Any
 
-from components.data.markup import parse_markup
-from components.metrics.formula import formula_edit_distance, normalize_latex_tokens
+import numpy as np
+from rapidfuzz import process
+from rapidfuzz.distance import Levenshtein
+from scipy.optimize import linear_sum_assignment
+
+from components.metrics.extraction import DISPLAY_FORMULA, HTML_TABLE, TEXT, extract_elements
+from components.metrics.formula import formula_edit_distance, normalize_formula
 from components.metrics.layout import layout_similarity
-from components.metrics.page import SCORED_GROUPS, assign_by_edit_distance, group_blocks
-from components.metrics.table import teds
+from components.metrics.table import normalize_table_html, teds
 from components.metrics.text import normalize_text, normalized_edit_distance
 
 CONSISTENCY_KINDS = ("text", "formula", "table", "layout", "page")
+_SCORED_GROUPS = ("text", "table", "formula")
+
+
+def _page_groups(markup: str) -> dict[str, list[str]]:
+    """Text blocks, display formulas and HTML tables of a page, read as the evaluation reads them."""
+    groups: dict[str, list[str]] = {group: [] for group in _SCORED_GROUPS}
+    for element in extract_elements(markup or ""):
+        if element.category == TEXT:
+            groups["text"].append(element.content)
+        elif element.kind == DISPLAY_FORMULA:
+            groups["formula"].append(element.content)
+        elif element.category == HTML_TABLE:
+            groups["table"].append(element.content)
+    return groups
+
+
+def _assign(items_a: list[str], items_b: list[str]) -> list[tuple[int, int]]:
+    """Hungarian matching on normalized edit distance."""
+    if not items_a or not items_b:
+        return []
+    cost = process.cdist(items_a, items_b, scorer=Levenshtein.normalized_distance, dtype=np.float64, workers=1)
+    rows, cols = linear_sum_assignment(cost)
+    return [(int(r), int(c)) for r, c in zip(rows, cols, strict=True)]
 
 
 def page_similarity(markup_a: str, markup_b: str) -> float:
     """Block-matched similarity of two page markups in [0, 1] (see the module docstring)."""
-    groups_a = group_blocks(parse_markup(markup_a or ""))
-    groups_b = group_blocks(parse_markup(markup_b or ""))
-    total_blocks = sum(max(len(groups_a[g]), len(groups_b[g])) for g in SCORED_GROUPS)
+    groups_a, groups_b = _page_groups(markup_a), _page_groups(markup_b)
+    total_blocks = sum(max(len(groups_a[g]), len(groups_b[g])) for g in _SCORED_GROUPS)
     if total_blocks == 0:
         return 1.0
     matched_similarity = 0.0
-    for group in SCORED_GROUPS:
-        blocks_a = [block.content for _, block in groups_a[group]]
-        blocks_b = [block.content for _, block in groups_b[group]]
-        if group == "text":
-            items_a = [normalize_text(text) for text in blocks_a]
-            items_b = [normalize_text(text) for text in blocks_b]
-        elif group == "formula":
-            items_a = [normalize_latex_tokens(latex) for latex in blocks_a]
-            items_b = [normalize_latex_tokens(latex) for latex in blocks_b]
-        else:
-            items_a = [" ".join(html.split()) for html in blocks_a]
-            items_b = [" ".join(html.split()) for html in blocks_b]
-        for i, j in assign_by_edit_distance(items_a, items_b):
+    for group in _SCORED_GROUPS:
+        blocks_a, blocks_b = groups_a[group], groups_b[group]
+        normalize = {"text": normalize_text, "formula": normalize_formula, "table": normalize_table_html}[group]
+        items_a, items_b = [normalize(b) for b in blocks_a], [normalize(b) for b in blocks_b]
+        for i, j in _assign(items_a, items_b):
             if group == "table":
                 matched_similarity += 1.0 if items_a[i] == items_b[j] else teds(blocks_a[i], blocks_b[j])
             else:

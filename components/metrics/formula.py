@@ -1,13 +1,13 @@
-"""Formula edit distance: normalized Levenshtein distance over LaTeX tokens.
+"""Display-formula edit distance, OmniDocBench v1.5's fallback when CDM cannot run.
 
-OmniDocBench v1.5 scores display formulas with CDM, which renders LaTeX to images and needs
-LaTeX, node and ImageMagick; the usual cheap stand-in is an edit distance on normalized LaTeX.
-We compare tokens rather than characters so ``\\alpha`` vs ``\\beta`` is one error, not five.
-
-Normalization removes what changes the source but not the rendered formula: math delimiters
-(``$``, ``$$``, ``\\[ \\]``, ``\\( \\)``, equation environments), ``\\left``/``\\right``/``\\big``
-sizing, style switches (``\\displaystyle``), spacing commands, whitespace, and braces around a
-single-token sub/superscript (``x^{2}`` = ``x^2``).
+OmniDocBench ranks formulas by CDM, which renders LaTeX to images (LaTeX + ImageMagick). Its
+code also reports a character edit distance on normalized LaTeX (``normalized_formula`` in
+``utils/data_preprocess.py``), which is what we compute: strip surrounding ``$`` and newlines,
+keep the inside of ``\\[…\\]``, drop ``\\tag{…}``, ``\\hspace{…}``, every ``\\begin{…}`` /
+``\\end{…}``, ``\\arraycolsep…}``, leading/trailing dots, then delete the names of font and
+spacing commands (``\\mathrm``, ``\\mathbf``, ``\\operatorname``, ``\\left``, ``\\right``,
+``\\quad``, …; their braces stay) and every space, and lowercase. It works on characters, so
+``\\alpha`` vs ``\\beta`` costs several edits, exactly as the official number does.
 """
 
 from __future__ import annotations
@@ -16,59 +16,37 @@ import re
 
 from components.metrics.text import normalized_edit_distance
 
-_TOKEN_RE = re.compile(r"\\[a-zA-Z]+|\\.|\S", re.DOTALL)
-_MATH_ENVIRONMENT_RE = re.compile(r"\\(begin|end)\{(equation|displaymath|math)\*?\}")
-_DROPPED_COMMANDS = frozenset(
-    {
-        r"\left", r"\right", r"\middle",
-        r"\big", r"\Big", r"\bigg", r"\Bigg",
-        r"\bigl", r"\bigr", r"\Bigl", r"\Bigr", r"\biggl", r"\biggr", r"\Biggl", r"\Biggr",
-        r"\displaystyle", r"\textstyle", r"\scriptstyle", r"\scriptscriptstyle",
-        r"\,", r"\;", r"\:", r"\!", r"\ ", r"\quad", r"\qquad", "~",
-        r"\nonumber", r"\notag",
-        "$", r"\[", r"\]", r"\(", r"\)",  # math delimiters; an escaped dollar is the token \$
-    }
+# Removed as plain substrings, in this order (order matters: "\\text" before "\\textbf" would
+# leave "bf"; the official list has "\\textbf" first and "\\text" twice).
+_REMOVED_SUBSTRINGS = (
+    "\\mathbf", "\\mathrm", "\\mathnormal", "\\mathit", "\\mathbb", "\\mathcal", "\\mathscr",
+    "\\mathfrak", "\\mathsf", "\\mathtt", "\\textbf", "\\text", "\\boldmath", "\\boldsymbol",
+    "\\operatorname", "\\bm", "\\symbfit", "\\mathbfcal", "\\symbf", "\\scriptscriptstyle",
+    "\\notag", "\\setlength", "\\coloneqq", "\\space", "\\thickspace", "\\thinspace", "\\medspace",
+    "\\nobreakspace", "\\negmedspace", "\\quad", "\\qquad", "\\enspace", "\\substackw", " ", "$$",
+    "\\left", "\\right", "\\displaystyle", "\\text",
+)
+_BRACKET_DISPLAY_RE = re.compile(r"\\\[(.+?)(?<!\\)\\\]")
+_REMOVED_PATTERNS = tuple(
+    re.compile(pattern)
+    for pattern in (r"\\tag\{.*?\}", r"\\hspace\{.*?\}", r"\\begin\{.*?\}", r"\\end\{.*?\}", r"\\arraycolsep.*?\}")
 )
 
 
-def tokenize_latex(latex: str) -> list[str]:
-    """Split LaTeX into tokens: ``\\command``, escaped symbols, single characters."""
-    return _TOKEN_RE.findall(latex)
-
-
-def normalize_latex_tokens(latex: str) -> list[str]:
-    """Tokens of a formula after removing delimiters, sizing, style and spacing that do not change it."""
-    stripped = _MATH_ENVIRONMENT_RE.sub(" ", latex)
-    tokens = [token for token in tokenize_latex(stripped) if token not in _DROPPED_COMMANDS]
-    return _unbrace_single_scripts(tokens)
-
-
-def normalize_latex(latex: str) -> str:
-    """Normalized LaTeX as one string with single spaces between tokens (for display and hashing)."""
-    return " ".join(normalize_latex_tokens(latex))
-
-
-def _unbrace_single_scripts(tokens: list[str]) -> list[str]:
-    """``^ { x }`` -> ``^ x`` when the group holds exactly one token."""
-    result: list[str] = []
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        if (
-            token in ("^", "_")
-            and i + 3 < len(tokens)
-            and tokens[i + 1] == "{"
-            and tokens[i + 3] == "}"
-            and tokens[i + 2] not in ("{", "}")
-        ):
-            result.extend((token, tokens[i + 2]))
-            i += 4
-            continue
-        result.append(token)
-        i += 1
-    return result
+def normalize_formula(latex: str) -> str:
+    """LaTeX normalized for the formula edit distance (see the module docstring)."""
+    text = latex.strip().strip("$").strip("\n")
+    inside = _BRACKET_DISPLAY_RE.search(text)
+    if inside:
+        text = inside.group(1).strip()
+    for pattern in _REMOVED_PATTERNS:
+        text = pattern.sub("", text)
+    text = text.strip(".")
+    for substring in _REMOVED_SUBSTRINGS:
+        text = text.replace(substring, "")
+    return text.lower()
 
 
 def formula_edit_distance(pred: str, gt: str) -> float:
-    """Normalized token edit distance in [0, 1] between two formulas (0 = same after normalization)."""
-    return normalized_edit_distance(normalize_latex_tokens(pred), normalize_latex_tokens(gt))
+    """Normalized character edit distance in [0, 1] between two normalized formulas."""
+    return normalized_edit_distance(normalize_formula(pred), normalize_formula(gt))

@@ -1,68 +1,141 @@
-"""Page-level end-to-end scoring of predicted markup against ground truth, OmniDocBench v1.5 style.
+"""Page- and dataset-level end-to-end scores with OmniDocBench v1.5's definitions.
 
-Both markups are split into blocks with ``parse_markup`` and grouped: **text** (text + title
-blocks), **table** and **formula**. Inside each group, predicted blocks are matched one-to-one to
-ground-truth blocks by ``scipy.optimize.linear_sum_assignment`` on normalized edit distance
-(OmniDocBench's matching). Then:
+A page is scored as the official ``End2EndDataset`` + ``End2EndEval`` (quick_match) do:
 
-- **text_edit** (per page): the normalized edit distance between the ground-truth text blocks
-  concatenated in reading order and, in the same order, the predicted blocks matched to them
-  (an unmatched gt block contributes nothing on the prediction side), followed by the unmatched
-  predicted text blocks. Missing and hallucinated text both cost. Text is normalized with
-  ``normalize_text`` first. Dataset value: mean over pages whose ground truth has text.
-- **table_teds / table_teds_s**: TEDS and TEDS-S of each ground-truth table against its matched
-  prediction (0 when unmatched). Extra predicted tables are not scored (no gt to compare).
-  Dataset value: mean over all ground-truth tables (element level, as OmniDocBench reports TEDS).
-- **formula_edit**: normalized LaTeX-token edit distance per formula pair; an unmatched gt
-  formula scores 1, and so does each unmatched predicted formula. Dataset value: mean over all
-  pairs. This stands in for CDM, which needs LaTeX + node + ImageMagick to render formulas.
-- **reading_order_edit** (per page): take the matched pairs that share any content (text or
-  formula distance < 1, table TEDS > 0), list their gt indices in gt order and in predicted
-  order, and take the normalized edit distance between the two lists. Dataset value: mean over
-  pages that have at least one such pair.
-- **overall** = ((1 − text_edit)·100 + table_teds·100 + (1 − formula_edit)·100) / 3, with the
-  formula term from the edit distance instead of CDM. When a component is absent (no tables in
-  the ground truth, say) the mean is over the components present; None when none is.
+- the prediction is split with ``extract_elements``; the ground truth is a list of OmniDocBench
+  elements (``gt_elements_from_markup`` for our markup, ``gt_elements_from_page`` for the
+  official JSON, which also merges blocks related as ``truncated``);
+- **tables**: ground-truth tables are matched to predicted HTML tables (or LaTeX tables, when a
+  page has more of those) by Hungarian assignment on the raw strings; extra predicted tables are
+  dropped, and when the page has ground-truth tables their plain cells join the text pool;
+  each pair scores TEDS / TEDS-S / edit distance after ``normalize_table_html`` (a LaTeX table
+  scores 0: converting it needs LaTeXML, which we do not run);
+- **text and display formulas** are matched together by ``quick_match``; prediction-only
+  entries are dropped, ignored categories (headers, captions, ...) are not scored, and a
+  ground-truth formula whose match is a text block is scored as text (its LaTeX rendered to
+  Unicode);
+- each entry's edit distance is Levenshtein over the normalized strings; a page's **text
+  edit** (and formula edit) is Σ edits / Σ max-lengths over its entries;
+- **reading order**: the ground-truth orders of the page's text entries, sorted as the
+  prediction has them, against the sorted ground-truth orders (normalized edit distance);
+- **TEDS** of a page is the mean over its tables.
 
-A category that the ground truth of a page does not contain is not scored on that page (None, not
-0 or 1), even if the prediction contains it; dataset means run only over where it exists.
+Dataset values are means over the pages that have the metric (page-level, as v1.5 reports) and
+**Overall** = ((1 − text edit)·100 + TEDS·100 + formula)/3 with formula = CDM·100 when CDM
+scores are given, else (1 − formula edit)·100 — a documented fallback; a missing term counts 0.
+Definitions follow OmniDocBench at commit 7bd6c2e (mirror ``pichiu/OmniDocBench``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-from rapidfuzz import process
-from rapidfuzz.distance import Levenshtein
-from scipy.optimize import linear_sum_assignment
+from bs4 import BeautifulSoup
 
-from components.data.markup import MarkupBlock, parse_markup
-from components.metrics.formula import normalize_latex_tokens
-from components.metrics.table import teds_pair
-from components.metrics.text import normalize_text, normalized_edit_distance
+from components.data.markup import parse_markup
+from components.metrics.extraction import HTML_TABLE, LATEX_TABLE, TEXT, PredictedElement, extract_elements
+from components.metrics.matching import (
+    FORMULA_CATEGORY,
+    IGNORED_CATEGORIES,
+    TABLE_CATEGORY,
+    TEXT_CATEGORIES,
+    Element,
+    Match,
+    quick_match,
+    simple_match,
+)
+from components.metrics.table import normalize_table_html, teds_normalized
+from components.metrics.text import clean_text, edit_distance, latex_to_unicode
 
 SCORED_GROUPS = ("text", "table", "formula")
-_GROUP_OF_CATEGORY = {"text": "text", "title": "text", "table": "table", "formula": "formula"}
+_GT_CATEGORY_OF_BLOCK = {"title": "title", "text": "text_block", "formula": FORMULA_CATEGORY, "table": TABLE_CATEGORY}
+_GROUP_OF_GT_CATEGORY = {FORMULA_CATEGORY: "formula", TABLE_CATEGORY: "table"} | {c: "text" for c in TEXT_CATEGORIES}
+_FORMULA_PRED_KINDS = ("equation_inline", "equation_isolated", "")
+_CDOT_RE = re.compile(r"\$\\cdot\$")
+
+
+# --- ground truth ---------------------------------------------------------------------------------
+
+def gt_elements_from_markup(markup: str) -> list[Element]:
+    """Our page markup as OmniDocBench ground truth: title, text_block, equation_isolated, table, order 1.."""
+    return [Element(_GT_CATEGORY_OF_BLOCK[block.category], block.content, order)
+            for order, block in enumerate(parse_markup(markup or ""), start=1)]
+
+
+def gt_elements_from_page(page: dict) -> list[Element]:
+    """One page of OmniDocBench.json (``layout_dets``) as elements; ``truncated`` relations are merged."""
+    dets = {det.get("anno_id"): det for det in page.get("layout_dets", [])}
+    groups: list[list] = []
+    for relation in page.get("extra", {}).get("relation", []):
+        if relation.get("relation_type") != "truncated":
+            continue
+        ids = [relation["source_anno_id"], relation["target_anno_id"]]
+        for group in groups:
+            if ids[0] in group or ids[1] in group:
+                group.extend(ids)
+                break
+        else:
+            groups.append(ids)
+    truncated = {anno_id for group in groups for anno_id in group}
+    elements = [_gt_element(det) for det in page.get("layout_dets", []) if det.get("anno_id") not in truncated]
+    for group in groups:
+        parts = sorted((dets[anno_id] for anno_id in group if anno_id in dets), key=lambda det: det["order"])
+        if parts:
+            first = parts[0]
+            elements.append(Element(first["category_type"], "".join(det.get("text", "") for det in parts),
+                                    first.get("order") or "", attribute=first.get("attribute", {})))
+    return elements
+
+
+def _gt_element(det: dict) -> Element:
+    category = det.get("category_type", "")
+    content = det.get("latex", "") if category == FORMULA_CATEGORY else det.get("html", "") if category == TABLE_CATEGORY else det.get("text", "")
+    return Element(category, str(content or ""), det.get("order") or "", attribute=det.get("attribute", {}) or {})
+
+
+def _by_order(elements: list[Element]) -> list[Element]:
+    return sorted(elements, key=lambda element: element.position or 0)
+
+
+# --- scored samples -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EditSample:
+    """One scored entry for an edit-distance metric: the edit count and max(len(pred), len(gt))."""
+
+    gt: str
+    pred: str
+    edits: int
+    upper_len: int
+    gt_attributes: tuple = ()
+
+    @classmethod
+    def of(cls, norm_gt: str, gt: str, norm_pred: str, pred: str, attributes: Iterable[dict] = ()) -> EditSample:
+        # As the official metric: the normalized string when it is non-empty, else the raw one.
+        gt_used, pred_used = norm_gt or gt, norm_pred or pred
+        return cls(gt_used, pred_used, edit_distance(pred_used, gt_used), max(len(pred_used), len(gt_used)),
+                   tuple(attributes))
+
+    @property
+    def edit(self) -> float | None:
+        return self.edits / self.upper_len if self.upper_len else None
 
 
 @dataclass(frozen=True)
-class BlockMatch:
-    """One scored pair; an index is None on the side where the block is missing.
-
-    ``score`` is a normalized edit distance for text/formula blocks and TEDS for tables.
-    """
-
-    group: str
-    gt_index: int | None
-    pred_index: int | None
-    score: float
+class TableSample:
+    gt: str
+    pred: str
+    teds: float
+    teds_s: float
+    edit: EditSample
 
 
 @dataclass
 class PageScores:
-    """Scores of one page; a metric is None when the ground truth has no block of that kind."""
+    """Scores of one page; a metric is None when the page has nothing to score for it."""
 
     text_edit: float | None
     table_teds: float | None
@@ -70,16 +143,139 @@ class PageScores:
     formula_edit: float | None
     reading_order_edit: float | None
     overall: float | None
-    table_scores: list[tuple[float, float]] = field(default_factory=list)
-    formula_edits: list[float] = field(default_factory=list)
+    text_samples: list[EditSample] = field(default_factory=list)
+    formula_as_text: list[EditSample] = field(default_factory=list)
+    formula_samples: list[EditSample] = field(default_factory=list)
+    table_samples: list[TableSample] = field(default_factory=list)
+    reading_order: EditSample | None = None
     gt_counts: dict[str, int] = field(default_factory=dict)
     pred_counts: dict[str, int] = field(default_factory=dict)
-    matches: list[BlockMatch] = field(default_factory=list)
+    page_attributes: dict = field(default_factory=dict)
 
+
+def page_edit(samples: Iterable[EditSample]) -> float | None:
+    """Σ edits / Σ max-lengths of a page's entries (None when there is nothing to compare)."""
+    samples = [s for s in samples if s.upper_len]
+    return sum(s.edits for s in samples) / sum(s.upper_len for s in samples) if samples else None
+
+
+def overall_score(text_edit: float | None, table_teds: float | None, formula_edit: float | None,
+                  formula_cdm: float | None = None) -> float:
+    """OmniDocBench v1.5 Overall (0–100); CDM when given, else the formula edit fallback; missing terms 0."""
+    text_term = (1.0 - text_edit) * 100.0 if text_edit is not None else 0.0
+    table_term = table_teds * 100.0 if table_teds is not None else 0.0
+    if formula_cdm is not None:
+        formula_term = formula_cdm * 100.0
+    else:
+        formula_term = (1.0 - formula_edit) * 100.0 if formula_edit is not None else 0.0
+    return (text_term + table_term + formula_term) / 3.0
+
+
+def _table_cells_as_text(table: PredictedElement) -> list[PredictedElement]:
+    """Plain cells of an unmatched predicted table, which the official code adds to the text pool."""
+    soup = BeautifulSoup(table.content, "html.parser")
+    return [PredictedElement(TEXT, _CDOT_RE.sub("", cell.string).strip(), table.position, table.fine_category)
+            for cell in soup.find_all("td") if cell.string]
+
+
+def _reading_order(text_matches: list[Match]) -> EditSample | None:
+    with_gt = [m for m in text_matches if m.gt_positions != [""]]
+    paired = [m for m in with_gt if m.pred_position is not None]
+    pred = [p for m in sorted(paired, key=lambda m: m.pred_position) for p in m.gt_positions if p]
+    gt = sorted(p for m in with_gt for p in m.gt_positions if p)
+    if not pred and not gt:
+        return None
+    return EditSample(str(gt), str(pred), edit_distance(pred, gt), max(len(pred), len(gt)))
+
+
+def _as_element(pred: PredictedElement) -> Element:
+    return Element(pred.category, pred.content, pred.position, pred.fine_category)
+
+
+def score_page_elements(pred_markdown: str, gt_elements: list[Element], page_attributes: dict | None = None) -> PageScores:
+    """Score one predicted page against OmniDocBench ground-truth elements (module docstring)."""
+    predicted = extract_elements(pred_markdown or "")
+    by_category: dict[str, list[PredictedElement]] = {}
+    for element in predicted:
+        by_category.setdefault(element.category, []).append(element)
+    pool = [e for category, elements in by_category.items() if category not in (HTML_TABLE, LATEX_TABLE) for e in elements]
+
+    gt_tables = _by_order([e for e in gt_elements if e.category == TABLE_CATEGORY])
+    table_samples: list[TableSample] = []
+    if gt_tables:
+        html_tables, latex_tables = by_category.get(HTML_TABLE, []), by_category.get(LATEX_TABLE, [])
+        use_latex = len(latex_tables) > len(html_tables)
+        candidates = latex_tables if use_latex else html_tables
+        gt_kept = [t for t in gt_tables if t.content]
+        pred_kept = [t for t in candidates if t.content]
+        pairs, unmatched = simple_match([t.content for t in gt_kept], [t.content for t in pred_kept])
+        for gt_index, pred_index in pairs:
+            pred_html = "" if use_latex or pred_index is None else pred_kept[pred_index].content
+            gt_norm, pred_norm = normalize_table_html(gt_kept[gt_index].content), normalize_table_html(pred_html)
+            scores = teds_normalized(pred_norm or pred_html, gt_norm or gt_kept[gt_index].content)
+            table_samples.append(TableSample(gt_kept[gt_index].content, pred_html, *scores,
+                                             EditSample.of(gt_norm, gt_kept[gt_index].content, pred_norm, pred_html)))
+        if not use_latex:
+            for pred_index in unmatched:
+                pool.extend(_table_cells_as_text(pred_kept[pred_index]))
+
+    text_gt = _by_order([e for category in (*TEXT_CATEGORIES, FORMULA_CATEGORY) for e in gt_elements if e.category == category])
+    matches = quick_match(text_gt, [_as_element(p) for p in pool])
+    text_matches = [m for m in matches if m.gt_category in TEXT_CATEGORIES and m.gt_category not in IGNORED_CATEGORIES]
+    formula_matches = [m for m in matches if m.gt_category == FORMULA_CATEGORY and m.gt_indices]
+
+    text_samples = [EditSample.of(m.norm_gt, m.gt, m.norm_pred, m.pred, m.gt_attributes) for m in text_matches]
+    formula_samples, formula_as_text = [], []
+    for m in formula_matches:
+        if m.pred_category in _FORMULA_PRED_KINDS:
+            formula_samples.append(EditSample.of(m.norm_gt, m.gt, m.norm_pred, m.pred, m.gt_attributes))
+        else:  # matched to a text block: scored as text, the LaTeX rendered to Unicode
+            try:
+                rendered = latex_to_unicode(m.gt)
+            except Exception:  # pylatexenc fails on some malformed LaTeX; keep the source then
+                rendered = m.gt
+            formula_as_text.append(EditSample.of(clean_text(rendered), rendered, m.norm_pred, m.pred, m.gt_attributes))
+
+    return _page_scores(
+        text_samples, formula_as_text, formula_samples, table_samples, _reading_order(text_matches),
+        gt_counts={g: sum(1 for e in gt_elements if _GROUP_OF_GT_CATEGORY.get(e.category) == g) for g in SCORED_GROUPS},
+        pred_counts={"text": sum(1 for e in predicted if e.category == TEXT),
+                     "table": sum(1 for e in predicted if e.category in (HTML_TABLE, LATEX_TABLE)),
+                     "formula": sum(1 for e in predicted if e.kind == "equation_isolated")},
+        page_attributes=page_attributes or {},
+    )
+
+
+def _page_scores(text_samples, formula_as_text, formula_samples, table_samples, reading_order, *,
+                 gt_counts, pred_counts, page_attributes, formulas_join_text: bool | None = None) -> PageScores:
+    # The official code moves formulas scored as text into the text samples only when the
+    # evaluated set has text samples at all; for one page that is this page.
+    join = bool(text_samples) if formulas_join_text is None else formulas_join_text
+    all_text = text_samples + (formula_as_text if join else [])
+    text_edit = page_edit(all_text)
+    formula_edit = page_edit(formula_samples)
+    teds = float(np.mean([t.teds for t in table_samples])) if table_samples else None
+    teds_s = float(np.mean([t.teds_s for t in table_samples])) if table_samples else None
+    return PageScores(
+        text_edit=text_edit, table_teds=teds, table_teds_s=teds_s, formula_edit=formula_edit,
+        reading_order_edit=reading_order.edit if reading_order else None,
+        overall=overall_score(text_edit, teds, formula_edit),
+        text_samples=text_samples, formula_as_text=formula_as_text, formula_samples=formula_samples,
+        table_samples=table_samples, reading_order=reading_order, gt_counts=gt_counts, pred_counts=pred_counts,
+        page_attributes=page_attributes,
+    )
+
+
+def score_page(pred_markdown: str, gt_markup: str) -> PageScores:
+    """Score a predicted page against our ground-truth markup."""
+    return score_page_elements(pred_markdown, gt_elements_from_markup(gt_markup))
+
+
+# --- dataset ----------------------------------------------------------------------------------------
 
 @dataclass
 class DatasetScores:
-    """Scores aggregated over pages; metrics are None when no page had the category."""
+    """Page-level means over the pages that have each metric; ``overall`` from those means."""
 
     n_pages: int
     text_edit: float | None
@@ -88,22 +284,21 @@ class DatasetScores:
     formula_edit: float | None
     reading_order_edit: float | None
     overall: float | None
+    table_edit: float | None = None
     n_pages_with_text: int = 0
     n_pages_with_reading_order: int = 0
     n_tables: int = 0
     n_formula_pairs: int = 0
     gt_counts: dict[str, int] = field(default_factory=dict)
     pred_counts: dict[str, int] = field(default_factory=dict)
+    pages: list[PageScores] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict[str, float]:
         """Flat float metrics for MLflow; metrics that are None are left out (MLflow cannot log None)."""
         metrics: dict[str, float | None] = {
-            "text_edit": self.text_edit,
-            "table_teds": self.table_teds,
-            "table_teds_s": self.table_teds_s,
-            "formula_edit": self.formula_edit,
-            "reading_order_edit": self.reading_order_edit,
-            "overall": self.overall,
+            "text_edit": self.text_edit, "table_teds": self.table_teds, "table_teds_s": self.table_teds_s,
+            "table_edit": self.table_edit, "formula_edit": self.formula_edit,
+            "reading_order_edit": self.reading_order_edit, "overall": self.overall,
         }
         flat = {name: float(value) for name, value in metrics.items() if value is not None}
         flat["n_pages"] = float(self.n_pages)
@@ -117,168 +312,41 @@ class DatasetScores:
         return flat
 
 
-def overall_score(text_edit: float | None, table_teds: float | None, formula_edit: float | None) -> float | None:
-    """OmniDocBench Overall on a 0–100 scale, averaged over the components that are present."""
-    terms = []
-    if text_edit is not None:
-        terms.append((1.0 - text_edit) * 100.0)
-    if table_teds is not None:
-        terms.append(table_teds * 100.0)
-    if formula_edit is not None:
-        terms.append((1.0 - formula_edit) * 100.0)
-    return sum(terms) / len(terms) if terms else None
-
-
-def group_blocks(blocks: list[MarkupBlock]) -> dict[str, list[tuple[int, MarkupBlock]]]:
-    """Blocks by scored group (text+title, table, formula), each kept with its index on the page."""
-    groups: dict[str, list[tuple[int, MarkupBlock]]] = {group: [] for group in SCORED_GROUPS}
-    for index, block in enumerate(blocks):
-        group = _GROUP_OF_CATEGORY.get(block.category)
-        if group is not None:
-            groups[group].append((index, block))
-    return groups
-
-
-def assign_by_edit_distance(pred_items: list, gt_items: list) -> list[tuple[int, int]]:
-    """Hungarian matching on normalized edit distance; returns (pred position, gt position) pairs."""
-    if not pred_items or not gt_items:
-        return []
-    cost = process.cdist(pred_items, gt_items, scorer=Levenshtein.normalized_distance, dtype=np.float64, workers=1)
-    rows, cols = linear_sum_assignment(cost)
-    return [(int(r), int(c)) for r, c in zip(rows, cols, strict=True)]
-
-
-def _score_text(pred: list[tuple[int, MarkupBlock]], gt: list[tuple[int, MarkupBlock]]) -> tuple[float, list[BlockMatch]]:
-    pred_text = [normalize_text(block.content) for _, block in pred]
-    gt_text = [normalize_text(block.content) for _, block in gt]
-    pred_for_gt: dict[int, int] = {g: p for p, g in assign_by_edit_distance(pred_text, gt_text)}
-    matches: list[BlockMatch] = []
-    pred_concat: list[str] = []
-    for g, text in enumerate(gt_text):
-        p = pred_for_gt.get(g)
-        predicted = pred_text[p] if p is not None else ""
-        pred_concat.append(predicted)
-        matches.append(BlockMatch("text", gt[g][0], pred[p][0] if p is not None else None,
-                                  normalized_edit_distance(predicted, text)))
-    matched_pred = set(pred_for_gt.values())
-    for p, text in enumerate(pred_text):
-        if p not in matched_pred:
-            pred_concat.append(text)
-            matches.append(BlockMatch("text", None, pred[p][0], 1.0 if text else 0.0))
-    return normalized_edit_distance("".join(pred_concat), "".join(gt_text)), matches
-
-
-def _score_formulas(pred: list[tuple[int, MarkupBlock]], gt: list[tuple[int, MarkupBlock]]) -> list[BlockMatch]:
-    pred_tokens = [normalize_latex_tokens(block.content) for _, block in pred]
-    gt_tokens = [normalize_latex_tokens(block.content) for _, block in gt]
-    pred_for_gt = {g: p for p, g in assign_by_edit_distance(pred_tokens, gt_tokens)}
-    matches = []
-    for g, tokens in enumerate(gt_tokens):
-        p = pred_for_gt.get(g)
-        distance = normalized_edit_distance(pred_tokens[p], tokens) if p is not None else 1.0
-        matches.append(BlockMatch("formula", gt[g][0], pred[p][0] if p is not None else None, distance))
-    matched_pred = set(pred_for_gt.values())
-    matches.extend(BlockMatch("formula", None, pred[p][0], 1.0) for p in range(len(pred)) if p not in matched_pred)
-    return matches
-
-
-def _score_tables(pred: list[tuple[int, MarkupBlock]], gt: list[tuple[int, MarkupBlock]]) -> tuple[list[BlockMatch], list[tuple[float, float]]]:
-    # Matching on the HTML string is cheap; the APTED tree distance then runs once per matched pair.
-    pred_html = [" ".join(block.content.split()) for _, block in pred]
-    gt_html = [" ".join(block.content.split()) for _, block in gt]
-    pred_for_gt = {g: p for p, g in assign_by_edit_distance(pred_html, gt_html)}
-    matches, scores = [], []
-    for g in range(len(gt)):
-        p = pred_for_gt.get(g)
-        pair = teds_pair(pred[p][1].content, gt[g][1].content) if p is not None else (0.0, 0.0)
-        scores.append(pair)
-        matches.append(BlockMatch("table", gt[g][0], pred[p][0] if p is not None else None, pair[0]))
-    return matches, scores
-
-
-def _reading_order_edit(matches: list[BlockMatch]) -> float | None:
-    def shares_content(match: BlockMatch) -> bool:
-        return match.score > 0.0 if match.group == "table" else match.score < 1.0
-
-    pairs = [m for m in matches if m.gt_index is not None and m.pred_index is not None and shares_content(m)]
-    if not pairs:
-        return None
-    gt_order = [m.gt_index for m in sorted(pairs, key=lambda m: m.gt_index)]
-    pred_order = [m.gt_index for m in sorted(pairs, key=lambda m: m.pred_index)]
-    return normalized_edit_distance(pred_order, gt_order)
-
-
-def score_page(pred_markup: str, gt_markup: str) -> PageScores:
-    """Score one predicted page markup against its ground truth (see the module docstring)."""
-    pred_groups = group_blocks(parse_markup(pred_markup or ""))
-    gt_groups = group_blocks(parse_markup(gt_markup or ""))
-    matches: list[BlockMatch] = []
-
-    text_edit = None
-    if gt_groups["text"]:
-        text_edit, text_matches = _score_text(pred_groups["text"], gt_groups["text"])
-        matches.extend(text_matches)
-
-    table_scores: list[tuple[float, float]] = []
-    if gt_groups["table"]:
-        table_matches, table_scores = _score_tables(pred_groups["table"], gt_groups["table"])
-        matches.extend(table_matches)
-    table_teds = float(np.mean([s[0] for s in table_scores])) if table_scores else None
-    table_teds_s = float(np.mean([s[1] for s in table_scores])) if table_scores else None
-
-    formula_edits: list[float] = []
-    if gt_groups["formula"]:
-        formula_matches = _score_formulas(pred_groups["formula"], gt_groups["formula"])
-        formula_edits = [m.score for m in formula_matches]
-        matches.extend(formula_matches)
-    formula_edit = float(np.mean(formula_edits)) if formula_edits else None
-
-    return PageScores(
-        text_edit=text_edit,
-        table_teds=table_teds,
-        table_teds_s=table_teds_s,
-        formula_edit=formula_edit,
-        reading_order_edit=_reading_order_edit(matches),
-        overall=overall_score(text_edit, table_teds, formula_edit),
-        table_scores=table_scores,
-        formula_edits=formula_edits,
-        gt_counts={group: len(blocks) for group, blocks in gt_groups.items()},
-        pred_counts={group: len(blocks) for group, blocks in pred_groups.items()},
-        matches=matches,
-    )
-
-
-def _mean(values: list[float]) -> float | None:
-    return float(np.mean(values)) if values else None
+def _mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else None
 
 
 def aggregate_scores(pages: Iterable[PageScores]) -> DatasetScores:
-    """Combine page scores: text and reading order averaged over pages, tables and formulas over elements."""
+    """Combine page scores the v1.5 way: each metric per page first, then the mean over pages."""
     pages = list(pages)
-    text = [p.text_edit for p in pages if p.text_edit is not None]
-    order = [p.reading_order_edit for p in pages if p.reading_order_edit is not None]
-    tables = [score for p in pages for score in p.table_scores]
-    formulas = [edit for p in pages for edit in p.formula_edits]
-    text_edit = _mean(text)
-    table_teds = _mean([s[0] for s in tables])
-    formula_edit = _mean(formulas)
+    any_text = any(p.text_samples for p in pages)
+    # Re-derive each page under the dataset's rule for formulas scored as text.
+    rescored = [_page_scores(p.text_samples, p.formula_as_text, p.formula_samples, p.table_samples, p.reading_order,
+                             gt_counts=p.gt_counts, pred_counts=p.pred_counts, page_attributes=p.page_attributes,
+                             formulas_join_text=any_text) for p in pages]
+    text_edit = _mean([p.text_edit for p in rescored])
+    teds = _mean([p.table_teds for p in rescored])
+    formula_edit = _mean([p.formula_edit for p in rescored])
     return DatasetScores(
         n_pages=len(pages),
         text_edit=text_edit,
-        table_teds=table_teds,
-        table_teds_s=_mean([s[1] for s in tables]),
+        table_teds=teds,
+        table_teds_s=_mean([p.table_teds_s for p in rescored]),
         formula_edit=formula_edit,
-        reading_order_edit=_mean(order),
-        overall=overall_score(text_edit, table_teds, formula_edit),
-        n_pages_with_text=len(text),
-        n_pages_with_reading_order=len(order),
-        n_tables=len(tables),
-        n_formula_pairs=len(formulas),
+        reading_order_edit=_mean([p.reading_order_edit for p in rescored]),
+        overall=overall_score(text_edit, teds, formula_edit) if pages else None,
+        table_edit=_mean([page_edit(t.edit for t in p.table_samples) for p in rescored]),
+        n_pages_with_text=sum(1 for p in rescored if p.text_edit is not None),
+        n_pages_with_reading_order=sum(1 for p in rescored if p.reading_order_edit is not None),
+        n_tables=sum(len(p.table_samples) for p in rescored),
+        n_formula_pairs=sum(len(p.formula_samples) for p in rescored),
         gt_counts={g: sum(p.gt_counts.get(g, 0) for p in pages) for g in SCORED_GROUPS},
         pred_counts={g: sum(p.pred_counts.get(g, 0) for p in pages) for g in SCORED_GROUPS},
+        pages=rescored,
     )
 
 
 def score_dataset(pairs: Iterable[tuple[str, str]]) -> DatasetScores:
-    """Score ``(pred_markup, gt_markup)`` pairs and aggregate them (see ``aggregate_scores``)."""
+    """Score ``(pred_markdown, gt_markup)`` pairs and aggregate them (see ``aggregate_scores``)."""
     return aggregate_scores(score_page(pred, gt) for pred, gt in pairs)
