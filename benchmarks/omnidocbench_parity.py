@@ -1,7 +1,7 @@
 """Our OmniDocBench v1.5 metrics side by side with the official evaluation code, page by page.
 
     python -m benchmarks.omnidocbench_parity --official DIR --official-python PY [--pages 64] [--seed 91000000]
-                                             [--pred-dir DIR] [--out var/bench/omnidocbench_parity.json]
+                                             [--pred-dir DIR [--gt OmniDocBench.json]] [--out FILE]
 
 ``DIR`` is a checkout of OmniDocBench at commit 7bd6c2e (the mirror ``pichiu/OmniDocBench``);
 ``PY`` a Python with its requirements (Levenshtein, apted, lxml, beautifulsoup4, pylatexenc
@@ -11,8 +11,9 @@ truncated paragraphs and inline math added) and each gets a predicted ``.md`` ma
 perturbing the ground truth in the ways models err and format: character noise, split,
 merged, dropped, reordered and invented blocks, ``$$``/``\\[``/``$``/``\\(`` formulas with
 ``\\mathrm``/``\\tag``/``\\left``, HTML tables with ``th``/``thead``/``<b>``/full-width text,
-Markdown pipe tables, headers the model kept. With ``--pred-dir`` real model outputs
-(``<page>.md``) are used instead of perturbations.
+Markdown pipe tables, headers the model kept. With ``--gt`` and ``--pred-dir`` any
+OmniDocBench-format set is compared instead (the real benchmark, or our held-out pages
+written by ``components.evaluation.omnidocbench --from-pages`` and decoded by ``--predict``).
 
 The official code runs in a subprocess (``End2EndDataset`` with quick_match, ``End2EndEval``);
 ours runs here. It prints, per metric, the largest per-page difference and the dataset values
@@ -297,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pages", type=int, default=64)
     parser.add_argument("--seed", type=int, default=91_000_000)
     parser.add_argument("--pred-dir", type=Path, help="real predictions <page>.md instead of perturbations")
+    parser.add_argument("--gt", type=Path, help="an OmniDocBench.json to use (with --pred-dir) instead of synthetic pages")
     parser.add_argument("--out", type=Path, default=VAR_DIR / "bench" / "omnidocbench_parity.json")
     parser.add_argument("--keep", type=Path, help="keep the generated data and the official results here")
     args = parser.parse_args(argv)
@@ -304,15 +306,24 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="odb-parity-") as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        gt_path, pred_dir, gt_pages = write_dataset(work, args.pages, args.seed, args.pred_dir)
+        if args.gt:
+            if not args.pred_dir:
+                parser.error("--gt needs --pred-dir")
+            gt_path, pred_dir = args.gt.resolve(), args.pred_dir.resolve()
+            gt_pages = json.loads(gt_path.read_text())
+        else:
+            gt_path, pred_dir, gt_pages = write_dataset(work, args.pages, args.seed, args.pred_dir)
         official_pages, official_dataset = official(args.official.resolve(), args.official_python, gt_path, pred_dir, work)
         ours_pages, ours_dataset = ours(gt_pages, pred_dir)
     report, failures = compare(ours_pages, ours_dataset, official_pages, official_dataset)
 
-    print(f"{args.pages} pages (seed {args.seed}), tolerance {TOLERANCE}\n")
+    source = f"{args.gt} + {args.pred_dir}" if args.gt else f"{args.pages} synthetic pages (seed {args.seed})"
+    print(f"{source}, tolerance {TOLERANCE}\n")
     print(f"{'metric':<20} {'pages':>5} {'max page diff':>14} {'ours':>10} {'official':>10}")
+    def fmt(value: float | None) -> str:
+        return "-" if value is None else f"{value:.4f}"
+
     for metric, row in report.items():
-        fmt = (lambda v: "-" if v is None else f"{v:.4f}")
         print(f"{metric:<20} {row.get('pages', '')!s:>5} {fmt(row.get('max_page_diff')):>14} "
               f"{fmt(row['ours']):>10} {fmt(row['official']):>10}")
     for failure in failures[:40]:

@@ -449,7 +449,7 @@ def quick_match(gt_items: list[Element], pred_items: list[Element]) -> list[Matc
 
 
 def _as_array(formulas: list[str]) -> str:
-    rows = " \\\\ ".join("{" + formula.strip("$$").strip("\n") + "}" for formula in formulas)
+    rows = " \\\\ ".join("{" + formula.strip("$").strip("\n") + "}" for formula in formulas)
     return "\\begin{array}{l} " + rows + " \\end{array}"
 
 
