@@ -205,6 +205,11 @@ def test_ignored_categories_claim_predictions_and_are_not_scored():
     ], "page_info": {"image_path": "p.png"}}
     scores = omnidocbench.score_page_elements("Journal of Things\n\nreal body text", gt_elements_from_page(page))
     assert scores.text_edit == 0.0 and len(scores.text_samples) == 1
+    # The header claims the only prediction (distance 0 < 0.25), so the body block is unmatched
+    # (edit 1) instead of being paired with the header's text (4/16).
+    page["layout_dets"] = [{"category_type": "header", "text": "Annual report 2024", "order": 1, "anno_id": 0},
+                           {"category_type": "text_block", "text": "Annual report", "order": 2, "anno_id": 1}]
+    assert omnidocbench.score_page_elements("Annual report 2024", gt_elements_from_page(page)).text_edit == 1.0
 
 
 def test_truncated_ground_truth_blocks_are_merged():
@@ -236,6 +241,7 @@ def test_reading_order_counts_text_blocks_only():
 
 def test_overall_counts_a_missing_term_as_zero():
     assert overall_score(0.0, None, None) == pytest.approx(100 / 3)
+    assert overall_score(None, 1.0, 0.0) == pytest.approx(200 / 3)
     assert overall_score(0.1, 0.8, 0.2) == pytest.approx((90 + 80 + 80) / 3)
     assert overall_score(0.1, 0.8, 0.2, formula_cdm=0.5) == pytest.approx((90 + 80 + 50) / 3)
     assert score_page("hello", "hello").overall == pytest.approx(100 / 3)

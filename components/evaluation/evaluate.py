@@ -1,6 +1,6 @@
 """Score and time every decoder on one dataset with one model, in one run.
 
-Quality is OmniDocBench-style (``components.metrics``); speed is forward passes per page,
+Quality is OmniDocBench v1.5 (``components.metrics``); speed is forward passes per page,
 tokens per forward and tokens/s from the shared engine's accounting. Ratios against AR are
 taken inside the same run on the same pages, so machine load affects both sides alike.
 Used by the benchmark script, the evaluation flow and the registry's promotion gates.
@@ -211,7 +211,7 @@ def plot_score_vs_speed(report: EvaluationReport, path: str | Path) -> Path:
                          f"TPF {ev.speed['tokens_per_forward']:.2f}")
     ax.margins(x=0.15, y=0.15)
     ax.set_xlabel("tokens / s")
-    ax.set_ylabel("Overall (OmniDocBench-style)")
+    ax.set_ylabel("Overall (OmniDocBench v1.5, formula edit fallback)")
     ax.set_title(f"Score vs speed on {report.n_pages} pages")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, fontsize=8, frameon=False)
