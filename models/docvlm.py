@@ -32,6 +32,7 @@ from transformers import (
 from transformers.configuration_utils import SubConfigSpec
 
 from models.interface import PagePrefix
+from models.static_decoder import StaticQwen2Decoder
 
 
 @strict
@@ -270,6 +271,16 @@ class DocVLMForConditionalGeneration(PreTrainedModel):
         cache = DynamicCache(config=self.config.text_config)
         out = self.language_model(inputs_embeds=inputs_embeds, cache=cache, use_cache=True)
         return out.logits[:, prefix.embeds.shape[1] :], cache
+
+    def static_decoder(self) -> StaticQwen2Decoder | None:
+        """The text decoder as a lean forward over a static KV cache (None if its config is unsupported).
+
+        Built per call: it holds references to the current weights, so it must not outlive a ``.to()``.
+        """
+        try:
+            return StaticQwen2Decoder(self.language_model)
+        except ValueError:
+            return None
 
     @torch.inference_mode()
     def forward_tokens(

@@ -243,6 +243,50 @@ def test_greedy_sdb_is_token_identical_to_greedy_ar_on_a_real_model(chaotic_engi
             assert alone.token_ids == ar[page].token_ids
 
 
+@pytest.fixture(scope="module")
+def base_engine() -> DecodingEngine:
+    """The shipped base checkpoint: trained, so speculative decoders accept varying lengths."""
+    return DecodingEngine.from_pretrained("models/pretrained/docmarkup-base")
+
+
+@pytest.mark.parametrize("decoder", ["ar", "sdb", "block", "ppc"])
+def test_static_kv_cache_gives_the_dynamic_caches_tokens(base_engine, decoder):
+    """The lean decoder over a static cache (the default for DocVLM) is the same function as the
+    transformers forward over a DynamicCache: same tokens and confidences, batched rows that
+    accept different lengths (holes in the shared cache) included."""
+    pages = [generate_page(seed)[1] for seed in range(3)]
+    params = DecodeParams(decoder=decoder, window=5, max_new_tokens=40)
+    dynamic = DecodingEngine(base_engine.model, base_engine.tokenizer, static_cache=False)
+    fast = base_engine.generate(pages, params)
+    slow = dynamic.generate(pages, params)
+    assert [r.token_ids for r in fast] == [r.token_ids for r in slow]
+    for fast_row, slow_row in zip(fast, slow, strict=True):
+        assert fast_row.confidences == pytest.approx(slow_row.confidences, abs=1e-5)
+    if decoder == "sdb":  # rows accepted different lengths per forward, so the cache had holes
+        assert len({tuple(r.stats.accepted_lengths) for r in fast}) > 1
+
+
+def test_static_decoder_logits_equal_the_transformers_forward(chaotic_engine):
+    from models.static_decoder import StaticKV
+
+    model = chaotic_engine.model
+    images = [generate_page(seed)[1] for seed in range(2)]
+    _, cache = model.prefill(images, torch.zeros(2, 0, dtype=torch.long))
+    n_prefix = cache.get_seq_length()
+    kv = StaticKV.from_cache(cache, n_prefix + 4)  # too small on purpose: the buffers must grow
+    for q_len in (1, 6):
+        ids = torch.randint(5, 100, (2, q_len), generator=torch.Generator().manual_seed(q_len))
+        positions = torch.arange(n_prefix, n_prefix + q_len).repeat(2, 1)
+        mask = masks.decode_step(torch.ones(2, n_prefix, dtype=torch.bool), torch.zeros(2, 0, dtype=torch.bool),
+                                 q_len, "causal")
+        kv.length = n_prefix
+        lean = model.static_decoder().forward(ids, positions, mask, kv)
+        _, fresh = model.prefill(images, torch.zeros(2, 0, dtype=torch.long))
+        reference = model.forward_tokens(ids, positions, mask, fresh)
+        assert torch.allclose(lean, reference, atol=1e-5)
+        assert kv.length == n_prefix + q_len
+
+
 def test_sampling_is_reproducible_with_a_seed(chaotic_engine):
     page = [generate_page(11)[1]]
     params = DecodeParams(decoder="sdb", temperature=1.0, seed=5, max_new_tokens=32)

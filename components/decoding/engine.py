@@ -3,9 +3,15 @@
 Every algorithm (AR, DARL SDB, MinerU block diffusion, PA-BDM PPC) is a :class:`Strategy` that
 plans a row's next forward and accepts tokens from its logits; this module owns everything
 else once: the image prefill, batching rows of different lengths into one forward, the KV cache
-(rejected speculative entries are cropped; rows that accepted less than others leave masked
+(rejected speculative entries are dropped; rows that accepted less than others leave masked
 holes), explicit attention masks, stopping at ``<eos>`` / the token budget / the model's
 position limit, streaming of committed text, and speed accounting.
+
+The KV cache is static when the model offers a lean decoder (``static_decoder()``, the DocVLM's
+Qwen2 text model): buffers are allocated once per batch, a forward writes at the next slots,
+and dropping rejected speculation only moves an integer back (``StaticSlots``). Other models
+(the Hugging Face family adapters) keep a ``DynamicCache`` that is grown and cropped
+(``DynamicSlots``). Both give the same tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from components.decoding.sdb import SlidingDiffusionBlockStrategy
 from components.decoding.strategy import SpecialIds, Strategy
 from components.decoding.types import CommitEvent, DecodeParams, DecodeResult, DecodeStats, RowState
 from models.interface import MarkupLM
+from models.static_decoder import StaticKV
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "ar": AutoregressiveStrategy,
@@ -52,17 +59,18 @@ def special_ids_of(tokenizer: PreTrainedTokenizerFast) -> SpecialIds:
 class DecodingEngine:
     """Decode page images to markup with any strategy; stream commits as they happen."""
 
-    def __init__(self, model: MarkupLM, tokenizer: PreTrainedTokenizerFast):
+    def __init__(self, model: MarkupLM, tokenizer: PreTrainedTokenizerFast, static_cache: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.ids = special_ids_of(tokenizer)
+        self.static_cache = static_cache
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, device: str = "cpu") -> DecodingEngine:
+    def from_pretrained(cls, path: str | Path, device: str = "cpu", static_cache: bool = True) -> DecodingEngine:
         from models.loading import load_markup_model
 
         model, tokenizer = load_markup_model(path, device=device)
-        return cls(model, tokenizer)
+        return cls(model, tokenizer, static_cache=static_cache)
 
     @property
     def max_positions(self) -> int:
@@ -138,7 +146,12 @@ class DecodingEngine:
             rows[i] = RowState(row=i, tokens=[self.ids.bos], budget=budget, generator=generator)
             strategy.start(rows[i])
         active = [rows[i] for i in range(len(images))]
-        slot_valid = torch.ones(len(images), n_prefix, dtype=torch.bool, device=device)
+        lean = self.model.static_decoder() if self.static_cache and hasattr(self.model, "static_decoder") else None
+        if lean is not None:
+            slots: StaticSlots | DynamicSlots = StaticSlots(
+                lean, StaticKV.from_cache(cache, n_prefix + 2 * (budget + 2 * strategy.spec_length)), n_prefix)
+        else:
+            slots = DynamicSlots(self.model, cache, len(images), n_prefix)
 
         while active:
             plans = [strategy.plan(row) for row in active]
@@ -155,23 +168,27 @@ class DecodingEngine:
                 stored_valid[i, n_stored - k :] = True
                 input_ids[i, n_stored:] = torch.tensor(plan.spec, dtype=torch.long)
                 position_ids[i, n_stored:] = torch.arange(first + k, first + k + strategy.spec_length)
-            attention = masks.decode_step(slot_valid, stored_valid.to(device), strategy.spec_length, strategy.pattern)
-            logits = self.model.forward_tokens(input_ids.to(device), position_ids.to(device), attention, cache)
-            spec_logits = logits[:, n_stored:].float().cpu()
+            attention = masks.decode_step(slots.past_valid(), stored_valid.to(device), strategy.spec_length,
+                                          strategy.pattern)
+            spec_logits = slots.forward(input_ids.to(device), position_ids.to(device), attention, n_stored).float().cpu()
 
             new_valid = torch.zeros((len(active), width), dtype=torch.bool)
             new_valid[:, :n_stored] = stored_valid
+            extent = 0  # slots of this forward that some row keeps
             now = time.perf_counter()
             for i, (row, plan) in enumerate(zip(active, plans, strict=True)):
                 acceptance = strategy.accept(row, spec_logits[i])
                 row.cached += len(plan.stored) + acceptance.keep_spec
                 new_valid[i, n_stored : n_stored + acceptance.keep_spec] = True
+                if acceptance.keep_spec:
+                    extent = max(extent, n_stored + acceptance.keep_spec)
+                elif plan.stored:
+                    extent = max(extent, n_stored)
                 event = self._commit(row, acceptance.commit, acceptance.confidences, acceptance.decided)
                 row.stats.seconds = now - started
                 yield event
 
-            slot_valid = torch.cat([slot_valid, new_valid.to(device)], dim=1)
-            cache, slot_valid = self._crop_unused(cache, slot_valid)
+            slots.keep(new_valid.to(device), extent)
             if cancelled is not None:
                 for row in active:
                     row.cancelled = row.cancelled or (not row.done and cancelled(row.row))
@@ -179,20 +196,7 @@ class DecodingEngine:
                 keep = [i for i, row in enumerate(active) if not row.done]
                 active = [active[i] for i in keep]
                 if active:
-                    index = torch.tensor(keep, device=device)
-                    cache.batch_select_indices(index)
-                    slot_valid = slot_valid[index]
-
-    @staticmethod
-    def _crop_unused(cache, slot_valid: torch.Tensor):
-        """Drop trailing cache slots that no row kept (rejected speculation)."""
-        used = slot_valid.any(dim=0).nonzero()
-        keep_len = int(used[-1]) + 1 if used.numel() else 0
-        surplus = slot_valid.shape[1] - keep_len
-        if surplus > 0:
-            cache.crop(-surplus)
-            slot_valid = slot_valid[:, :keep_len]
-        return cache, slot_valid
+                    slots.select_rows(torch.tensor(keep, device=device))
 
     def _commit(self, row: RowState, tokens: list[int], confidences: list[float], decided: int) -> CommitEvent:
         """Append accepted tokens to a row, applying <eos> and budget stops; build its stream event."""
@@ -219,6 +223,62 @@ class DecodingEngine:
             row=row.row, token_ids=tokens, text=delta, confidences=confidences, forward_pass=row.stats.forward_passes,
             decided=decided, finished=row.finished, truncated=row.truncated,
         )
+
+
+class DynamicSlots:
+    """A growing ``DynamicCache`` plus which slots each row may attend (models without a lean decoder)."""
+
+    def __init__(self, model: MarkupLM, cache, batch: int, n_prefix: int):
+        self.model, self.cache = model, cache
+        self.valid = torch.ones(batch, n_prefix, dtype=torch.bool, device=model.device)
+
+    def past_valid(self) -> torch.Tensor:
+        return self.valid
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention: torch.Tensor,
+                logits_from: int) -> torch.Tensor:
+        return self.model.forward_tokens(input_ids, position_ids, attention, self.cache)[:, logits_from:]
+
+    def keep(self, new_valid: torch.Tensor, extent: int) -> None:
+        """Record which new slots rows kept and crop the trailing ones nobody kept."""
+        self.valid = torch.cat([self.valid, new_valid[:, :extent]], dim=1)
+        surplus = new_valid.shape[1] - extent
+        if surplus > 0:
+            self.cache.crop(-surplus)
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        self.cache.batch_select_indices(index)
+        self.valid = self.valid[index]
+
+
+class StaticSlots:
+    """A ``StaticKV`` and a preallocated validity map: dropping slots moves ``length`` back, nothing else."""
+
+    def __init__(self, lean, kv: StaticKV, n_prefix: int):
+        self.lean, self.kv = lean, kv
+        self.valid = torch.zeros(kv.keys[0].shape[0], kv.capacity, dtype=torch.bool, device=kv.keys[0].device)
+        self.valid[:, :n_prefix] = True
+
+    def past_valid(self) -> torch.Tensor:
+        return self.valid[:, : self.kv.length]
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention: torch.Tensor,
+                logits_from: int) -> torch.Tensor:
+        self.start = self.kv.length
+        logits = self.lean.forward(input_ids, position_ids, attention, self.kv, logits_from=logits_from)
+        if self.kv.capacity > self.valid.shape[1]:  # the KV buffers grew
+            grown = self.valid.new_zeros(self.valid.shape[0], self.kv.capacity)
+            grown[:, : self.valid.shape[1]] = self.valid
+            self.valid = grown
+        return logits
+
+    def keep(self, new_valid: torch.Tensor, extent: int) -> None:
+        self.valid[:, self.start : self.start + extent] = new_valid[:, :extent]
+        self.kv.length = self.start + extent
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        self.kv.select_rows(index)
+        self.valid = self.valid.index_select(0, index)
 
 
 def decode_stats_summary(results: list[DecodeResult]) -> DecodeStats:
