@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 from PIL import Image
+from tokenizers.decoders import DecodeStream
 from transformers import PreTrainedTokenizerFast
 
 from components.data.pages import validate_image
@@ -216,9 +217,16 @@ class DecodingEngine:
         if not tokens and not row.done:
             return CommitEvent(row=row.row, token_ids=[], text="", confidences=[], forward_pass=row.stats.forward_passes,
                                decided=decided)
-        text = self.tokenizer.decode([t for t in row.generated if t != self.ids.eos], skip_special_tokens=True)
-        stable = text if row.done else text.rstrip("\ufffd")  # hold back a half-decoded UTF-8 character
-        delta, row.emitted_text = stable[len(row.emitted_text) :], stable
+        # Incremental: only the new tokens are decoded (DecodeStream holds back half a UTF-8
+        # character); the full decode runs once, when the row ends, to flush what is held back.
+        if row.detokenizer is None:
+            row.detokenizer = DecodeStream(skip_special_tokens=True)
+        content = [t for t in tokens if t != self.ids.eos]
+        delta = (row.detokenizer.step(self.tokenizer.backend_tokenizer, content) or "") if content else ""
+        if row.done:
+            full = self.tokenizer.decode([t for t in row.generated if t != self.ids.eos], skip_special_tokens=True)
+            delta = full[len(row.emitted_text) :]
+        row.emitted_text += delta
         return CommitEvent(
             row=row.row, token_ids=tokens, text=delta, confidences=confidences, forward_pass=row.stats.forward_passes,
             decided=decided, finished=row.finished, truncated=row.truncated,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -133,6 +133,7 @@ class RowState:
     cancelled: bool = False  # the consumer of a stream dropped this page
     stats: DecodeStats = field(default_factory=DecodeStats)
     emitted_text: str = ""
+    detokenizer: Any = None  # incremental detokenizer (tokenizers.decoders.DecodeStream) of this row
 
     @property
     def generated(self) -> list[int]:
