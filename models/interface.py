@@ -25,6 +25,10 @@ class MarkupLM(Protocol):
     (B, T, V) plus a KV cache whose length is prefix + prompt. ``forward_tokens`` appends Q
     tokens at explicit positions under an explicit (B, 1, Q, K) bool mask (True = attend),
     where K is the cache length after appending; the caller crops rejected entries.
+
+    Optionally ``static_decoder()`` returns a lean forward over a preallocated KV cache
+    (``models.static_decoder``); the engine then uses it instead of ``forward_tokens`` and a
+    ``DynamicCache``. Models without it (the Hugging Face family adapters) keep the dynamic path.
     """
 
     device: torch.device
