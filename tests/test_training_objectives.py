@@ -329,3 +329,117 @@ def test_every_objective_trains_the_whole_model(tokenizer, objectives, dar):
         grads = [p.grad for n, p in model.named_parameters() if n.startswith(part)]
         assert grads and all(g is not None for g in grads), part
         assert sum(g.abs().sum() for g in grads) > 0, part
+
+
+# ----- DARL wiring: each test fails when one link of OMTG -> rewards -> DTPO is broken ----------------
+def _darl_setup(tokenizer, monkeypatch, *, dtpo_coef: float = 1.0, temperature: float = 0.7):
+    from components.data.synthetic import generate_page
+    from components.training.config import parse_train_config
+    from components.training.data import Batch, encode_markup
+    from components.training.mix import ObjectiveMix
+    from models.loading import new_tiny_model
+
+    model = new_tiny_model(tokenizer, seed=0).eval()  # eval: no dropout, so runs compare exactly
+    config = parse_train_config({
+        "name": "t", "output_dir": "var/unused", "deepspeed": "configs/deepspeed/zero0.json",
+        "model": {"bootstrap": {}}, "data": {"dataset": "var/unused", "max_tokens": 40},
+        "objectives": {"darl": 1.0}, "dar": {"window": 6},
+        "darl": {"dtpo_coef": dtpo_coef, "temperature": temperature}, "train": {"steps": 1},
+    })
+    pages = [generate_page(seed) for seed in (1, 2)]
+    encoded = [encode_markup(tokenizer, page.markup, 40) for page, _ in pages]
+    tokens = torch.full((2, max(len(ids) for ids, _ in encoded)), tokenizer.pad_token_id)
+    for row, (ids, _) in enumerate(encoded):
+        tokens[row, : len(ids)] = torch.tensor(ids)
+    batch = Batch(
+        pixel_values=model.preprocess([image for _, image in pages]), tokens=tokens,
+        lengths=torch.tensor([len(ids) for ids, _ in encoded]), ends_with_eos=torch.tensor([f for _, f in encoded]),
+        weights=torch.ones(2), page_ids=["a", "b"],
+    )
+    # Both samples get 3 pickup slots, so DTPO has candidates to act on.
+    monkeypatch.setattr(obj, "sample_window_plan", lambda lengths, window, generator=None: obj.WindowPlan(
+        offsets=torch.tensor([2, 5]), n_pickup=torch.tensor([3, 3]), window=window))
+    return model, ObjectiveMix(model, config), batch
+
+
+def _gradient(model, mix, batch) -> torch.Tensor:
+    model.zero_grad()
+    loss, metrics = mix(batch, torch.Generator().manual_seed(0))
+    loss.backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), metrics
+
+
+def test_dtpo_gradient_reaches_the_model(tokenizer, monkeypatch):
+    """Fails if DTPO's log-probs are detached: with fixed non-zero advantages, turning DTPO on
+    must change the gradient."""
+    import components.training.mix as mix_module
+
+    monkeypatch.setattr(mix_module, "group_advantages",
+                        lambda rewards, eps=1e-4: torch.tensor([[1.0, -1.0, 0.5, -0.5]]).expand_as(rewards))
+    model, with_dtpo, batch = _darl_setup(tokenizer, monkeypatch, dtpo_coef=1.0)
+    grad_on, metrics = _gradient(model, with_dtpo, batch)
+    _, without, _ = _darl_setup(tokenizer, monkeypatch, dtpo_coef=0.0)
+    without.model = model
+    grad_off, _ = _gradient(model, without, batch)
+    assert (grad_on - grad_off).abs().max() > 1e-6
+    assert metrics["dtpo_objective"].item() != 0.0
+    # An untrained model gets every candidate wrong: all rewards equal, nothing for DTPO to prefer.
+    assert metrics["dtpo_zero_advantage"].item() == 1.0
+
+
+def test_candidate_sampling_uses_the_configured_temperature(tokenizer, monkeypatch):
+    """Fails if the DARL temperature never reaches the sampler."""
+    import components.training.mix as mix_module
+
+    seen: list[float] = []
+    real = mix_module.sample_candidates
+
+    def recording(logits, n_pickup, n_candidates, temperature, *args, **kwargs):
+        seen.append(temperature)
+        return real(logits, n_pickup, n_candidates, temperature, *args, **kwargs)
+
+    monkeypatch.setattr(mix_module, "sample_candidates", recording)
+    _, mix, batch = _darl_setup(tokenizer, monkeypatch, temperature=0.37)
+    mix(batch, torch.Generator().manual_seed(0))
+    assert seen == [0.37]
+    # And the sampler really uses it: near-zero temperature gives the greedy tokens only.
+    logits = torch.tensor([[[0.0, 1.0, 0.9], [0.0, 0.8, 1.0]]])
+    cold = sample_candidates(logits, torch.tensor([2]), 3, 1e-3, fill_id=0, max_retries=5,
+                             generator=torch.Generator().manual_seed(0))
+    assert all(c.tolist() == [1, 2] for c in cold[0])
+    hot = sample_candidates(logits, torch.tensor([2]), 3, 50.0, fill_id=0, max_retries=50,
+                            generator=torch.Generator().manual_seed(0))
+    assert len({tuple(c.tolist()) for c in hot[0]}) == 3
+
+
+def test_look_ahead_reward_reads_each_candidate(tokenizer, monkeypatch):
+    """Fails if r2's rerun ignores the candidates: its predictions for candidate k must equal a
+    plain causal forward over [sequence up to the committed token, candidate k's window]."""
+    import components.training.mix as mix_module
+
+    captured = {}
+    real = mix_module.darl_rewards
+
+    def capturing(candidates, rerun, slot_truth, n_pickup):
+        captured.update(candidates=candidates, rerun=rerun)
+        return real(candidates, rerun, slot_truth, n_pickup)
+
+    monkeypatch.setattr(mix_module, "darl_rewards", capturing)
+    model, mix, batch = _darl_setup(tokenizer, monkeypatch, temperature=5.0)
+    mix(batch, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        prefix = model.encode_images(batch.pixel_values)
+    candidates, rerun = captured["candidates"], captured["rerun"]
+    assert len({tuple(c.tolist()) for c in candidates[0]}) > 1  # the candidates really differ
+    for b, committed in enumerate((2, 5)):
+        for k in range(candidates.shape[1]):
+            ids = torch.cat([batch.tokens[b, : committed + 1], candidates[b, k]])[None]
+            logits = mix._ban(_plain_causal_logits(model, _row_prefix(prefix, b), ids))[0]
+            expected = logits[committed : committed + candidates.shape[2]].argmax(-1)
+            assert rerun[b, k].tolist() == expected.tolist(), (b, k)
+
+
+def _row_prefix(prefix, row: int):
+    from models.interface import PagePrefix
+
+    return PagePrefix(embeds=prefix.embeds[row : row + 1])

@@ -140,6 +140,16 @@ class ObjectiveMix(nn.Module):
             metrics["reward_r1"] = (r1.mean(dim=1) * has_pickup).sum() / n_with
             metrics["reward_r2"] = (r2.mean(dim=1) * has_pickup).sum() / n_with
             metrics["reward_greedy"] = ((r1[:, 0] + r2[:, 0]) * has_pickup).sum() / n_with
+            # What shows DTPO acting: groups whose candidates all scored alike give it nothing to
+            # learn from, and the advantage-weighted log-likelihood of the candidates (the value
+            # whose gradient DTPO follows; the logged DTPO loss itself is ~0 by construction).
+            rewards = r1 + r2
+            flat = (rewards.max(dim=1).values - rewards.min(dim=1).values) < 1e-6
+            metrics["dtpo_zero_advantage"] = (flat.float() * has_pickup).sum() / n_with
+            metrics["reward_std"] = (rewards.std(dim=1) * has_pickup).sum() / n_with
+            pickup = plan.pickup_mask().float()[:, None, :]
+            mean_logp = (token_logp.detach() * pickup).sum(-1) / pickup.sum(-1).clamp_min(1)
+            metrics["dtpo_objective"] = ((advantages * mean_logp).mean(dim=1) * has_pickup).sum() / n_with
         if "block_diffusion" in self.weights:
             terms["block_diffusion"] = obj.masked_diffusion_loss(layout.stream_logits(logits, "mineru"), mineru)
         if "pabdm_csl" in self.weights:
