@@ -10,6 +10,7 @@ from components.data.synthetic import generate_dataset
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
 from components.evaluation.evaluate import evaluate_decoders
+from components.evaluation.workflow import log_report
 from components.registry import mlflow_registry as registry
 from models.loading import new_tiny_model, save_markup_model
 
@@ -55,7 +56,7 @@ def test_register_and_promote_only_when_gates_pass(report, tiny_model_dir, tmp_p
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     registry.configure(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="test-registry")
     gates = registry.Gates(max_score_drop=0.0, min_speedup=0.0)
-    run_1 = registry.log_evaluation(report, tiny_model_dir, params={"stage": "one"}, data_version="abc123")
+    run_1 = log_report(report, tiny_model_dir, params={"stage": "one"}, data_version="abc123")
     version_1 = registry.register_version(run_1, name="tiny")
     decision = registry.promote_if_passing("tiny", version_1, gates)
     assert decision.passed and decision.previous_champion is None
@@ -63,7 +64,7 @@ def test_register_and_promote_only_when_gates_pass(report, tiny_model_dir, tmp_p
 
     worse = copy.deepcopy(report)
     worse.decoders["ar"].scores["overall"] = report.decoders["ar"].overall - 5.0
-    run_2 = registry.log_evaluation(worse, tiny_model_dir)
+    run_2 = log_report(worse, tiny_model_dir)
     version_2 = registry.register_version(run_2, name="tiny")
     decision = registry.promote_if_passing("tiny", version_2, gates)
     assert not decision.passed and any("below the champion" in reason for reason in decision.reasons)

@@ -10,12 +10,30 @@ import mlflow
 from components.data.pages import PageDataset
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
-from components.evaluation.evaluate import EvaluationReport, assert_held_out, evaluate_decoders
+from components.evaluation.evaluate import (
+    EvaluationReport,
+    assert_held_out,
+    evaluate_decoders,
+    plot_score_vs_speed,
+    write_category_tables,
+)
 from components.pipeline import PipelineConfig
 from components.registry import mlflow_registry as registry
 from monitoring.drift import save_reference
 
 DRIFT_REFERENCE_ARTIFACT = "evaluation/drift_reference.json"
+
+
+def log_report(report: EvaluationReport, model_dir: str | Path, **run_info) -> str:
+    """Log an evaluation report to MLflow: its flat metrics, JSON, table, plot and per-page tables."""
+
+    def write(folder: Path) -> None:
+        report.write_json(folder / "report.json")
+        (folder / "table.txt").write_text(report.table() + "\n")
+        plot_score_vs_speed(report, folder / "score_vs_speed.png")
+        write_category_tables(report, folder / "pages")
+
+    return registry.log_evaluation(report.flat_metrics(), model_dir, write_artifacts=write, **run_info)
 
 
 def decoder_params(cfg: PipelineConfig) -> list[DecodeParams]:
@@ -47,7 +65,7 @@ def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version:
     params = {"model_dir": str(model_dir), "split": cfg.evaluation.pages_dir or cfg.evaluation.split, "n_pages": report.n_pages,
               **{f"decoder.{p.decoder}": p for p in decoder_params(cfg)}, **{f"train.{k}": v for k, v in (training or {}).items()}}
     tags = {f"data.{k}": str(v) for k, v in (data_version or {}).items()}
-    run_id = registry.log_evaluation(report, model_dir, params=params, data_version=(data_version or {}).get("md5"), tags=tags)
+    run_id = log_report(report, model_dir, params=params, data_version=(data_version or {}).get("md5"), tags=tags)
     with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
         reference = save_reference(report.decoders["ar"].pages, Path(tmp) / "drift_reference.json")
         mlflow.log_artifact(str(reference), artifact_path="evaluation")

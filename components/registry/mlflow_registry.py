@@ -1,4 +1,7 @@
-"""MLflow tracking and model registry: log evaluations, register versions, gate the champion alias.
+"""MLflow tracking and model registry: log evaluation runs, register versions, gate the champion alias.
+
+It knows metrics and artifact folders, not how an evaluation is computed or drawn (that is
+``components.evaluation``, which calls this module), so the registry never imports evaluation.
 
 MLflow 3 deprecated stages, so promotion is an alias (``champion``) moved only when gates pass.
 Metrics are logged on the run that produced the version, which is where the registry UI and
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -18,7 +22,6 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from components.evaluation.evaluate import EvaluationReport, plot_score_vs_speed, write_category_tables
 from components.services.process import VAR_DIR
 
 DEFAULT_MODEL_NAME = "docmarkup"
@@ -80,21 +83,18 @@ class PromotionDecision:
 
 
 def log_evaluation(
-    report: EvaluationReport, model_dir: str | Path, *, params: dict | None = None, data_version: str | None = None,
-    run_name: str = "evaluate", tags: dict | None = None,
+    metrics: dict[str, float], model_dir: str | Path, *, write_artifacts: Callable[[Path], None] | None = None,
+    params: dict | None = None, data_version: str | None = None, run_name: str = "evaluate", tags: dict | None = None,
 ) -> str:
-    """Log one evaluation (metrics, per-category tables, plot, report, model folder) as a run."""
+    """Log one evaluation as a run: metrics, the files ``write_artifacts`` writes, the model folder."""
     with mlflow.start_run(run_name=run_name) as run:
         mlflow.log_params({k: str(v)[:500] for k, v in (params or {}).items()})
         mlflow.set_tags({"data_version": data_version or "unversioned", **(tags or {})})
-        mlflow.log_metrics(report.flat_metrics())
-        with tempfile.TemporaryDirectory() as tmp:
-            tmp_path = Path(tmp)
-            report.write_json(tmp_path / "report.json")
-            (tmp_path / "table.txt").write_text(report.table() + "\n")
-            plot_score_vs_speed(report, tmp_path / "score_vs_speed.png")
-            write_category_tables(report, tmp_path / "pages")
-            mlflow.log_artifacts(str(tmp_path), artifact_path="evaluation")
+        mlflow.log_metrics(metrics)
+        if write_artifacts is not None:
+            with tempfile.TemporaryDirectory() as tmp:
+                write_artifacts(Path(tmp))
+                mlflow.log_artifacts(tmp, artifact_path="evaluation")
         mlflow.log_artifacts(str(model_dir), artifact_path="model")
         return run.info.run_id
 
