@@ -287,6 +287,23 @@ def test_causal_block_stream_logits_equal_a_plain_forward_per_block(tiny):
 
 
 # ----- the mix module ---------------------------------------------------------------------------
+def _two_page_batch(tokenizer, model, max_tokens: int):
+    """A training batch of synthetic pages 1 and 2, padded to the longer one."""
+    from components.data.synthetic import generate_page
+    from components.training.data import Batch, encode_markup
+
+    pages = [generate_page(seed) for seed in (1, 2)]
+    encoded = [encode_markup(tokenizer, page.markup, max_tokens) for page, _ in pages]
+    tokens = torch.full((2, max(len(ids) for ids, _ in encoded)), tokenizer.pad_token_id)
+    for row, (ids, _) in enumerate(encoded):
+        tokens[row, : len(ids)] = torch.tensor(ids)
+    return Batch(
+        pixel_values=model.preprocess([image for _, image in pages]), tokens=tokens,
+        lengths=torch.tensor([len(ids) for ids, _ in encoded]), ends_with_eos=torch.tensor([f for _, f in encoded]),
+        weights=torch.ones(2), page_ids=["a", "b"],
+    )
+
+
 @pytest.mark.parametrize(
     ("objectives", "dar"),
     [
@@ -299,9 +316,7 @@ def test_causal_block_stream_logits_equal_a_plain_forward_per_block(tiny):
     ],
 )
 def test_every_objective_trains_the_whole_model(tokenizer, objectives, dar):
-    from components.data.synthetic import generate_page
     from components.training.config import parse_train_config
-    from components.training.data import Batch, encode_markup
     from components.training.mix import ObjectiveMix
     from models.loading import new_tiny_model
 
@@ -311,16 +326,7 @@ def test_every_objective_trains_the_whole_model(tokenizer, objectives, dar):
         "model": {"bootstrap": {}}, "data": {"dataset": "var/unused", "max_tokens": 48}, "objectives": objectives,
         "dar": dar, "train": {"steps": 1},
     })
-    pages = [generate_page(seed) for seed in (1, 2)]
-    encoded = [encode_markup(tokenizer, page.markup, 48) for page, _ in pages]
-    tokens = torch.full((2, max(len(ids) for ids, _ in encoded)), tokenizer.pad_token_id)
-    for row, (ids, _) in enumerate(encoded):
-        tokens[row, : len(ids)] = torch.tensor(ids)
-    batch = Batch(
-        pixel_values=model.preprocess([image for _, image in pages]), tokens=tokens,
-        lengths=torch.tensor([len(ids) for ids, _ in encoded]), ends_with_eos=torch.tensor([f for _, f in encoded]),
-        weights=torch.ones(2), page_ids=["a", "b"],
-    )
+    batch = _two_page_batch(tokenizer, model, 48)
     loss, metrics = ObjectiveMix(model, config)(batch, torch.Generator().manual_seed(0))
     assert torch.isfinite(loss) and loss.item() > 0
     assert all(f"loss_{name}" in metrics for name in objectives)
@@ -333,9 +339,7 @@ def test_every_objective_trains_the_whole_model(tokenizer, objectives, dar):
 
 # ----- DARL wiring: each test fails when one link of OMTG -> rewards -> DTPO is broken ----------------
 def _darl_setup(tokenizer, monkeypatch, *, dtpo_coef: float = 1.0, temperature: float = 0.7):
-    from components.data.synthetic import generate_page
     from components.training.config import parse_train_config
-    from components.training.data import Batch, encode_markup
     from components.training.mix import ObjectiveMix
     from models.loading import new_tiny_model
 
@@ -346,16 +350,7 @@ def _darl_setup(tokenizer, monkeypatch, *, dtpo_coef: float = 1.0, temperature: 
         "objectives": {"darl": 1.0}, "dar": {"window": 6},
         "darl": {"dtpo_coef": dtpo_coef, "temperature": temperature}, "train": {"steps": 1},
     })
-    pages = [generate_page(seed) for seed in (1, 2)]
-    encoded = [encode_markup(tokenizer, page.markup, 40) for page, _ in pages]
-    tokens = torch.full((2, max(len(ids) for ids, _ in encoded)), tokenizer.pad_token_id)
-    for row, (ids, _) in enumerate(encoded):
-        tokens[row, : len(ids)] = torch.tensor(ids)
-    batch = Batch(
-        pixel_values=model.preprocess([image for _, image in pages]), tokens=tokens,
-        lengths=torch.tensor([len(ids) for ids, _ in encoded]), ends_with_eos=torch.tensor([f for _, f in encoded]),
-        weights=torch.ones(2), page_ids=["a", "b"],
-    )
+    batch = _two_page_batch(tokenizer, model, 40)
     # Both samples get 3 pickup slots, so DTPO has candidates to act on.
     monkeypatch.setattr(obj, "sample_window_plan", lambda lengths, window, generator=None: obj.WindowPlan(
         offsets=torch.tensor([2, 5]), n_pickup=torch.tensor([3, 3]), window=window))

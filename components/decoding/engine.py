@@ -264,6 +264,7 @@ class StaticSlots:
 
     def __init__(self, lean, kv: StaticKV, n_prefix: int):
         self.lean, self.kv = lean, kv
+        self.start = kv.length  # first slot of the latest forward
         self.valid = torch.zeros(kv.keys[0].shape[0], kv.capacity, dtype=torch.bool, device=kv.keys[0].device)
         self.valid[:, :n_prefix] = True
 

@@ -32,7 +32,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.metrics.page import PageScores, aggregate_scores, gt_elements_from_page, score_page_elements
+from components.metrics.page import (
+    PageScores,
+    aggregate_scores,
+    gt_elements_from_page,
+    page_edit,
+    score_page_elements,
+)
 
 PRED_SUFFIXES = (".md", ".mmd")
 
@@ -120,12 +126,11 @@ def _element_table(pages: Iterable[PageScores]) -> dict[str, dict[str, float | N
 
     def edit_numbers(samples_of) -> dict[str, float | None]:
         per_page = [samples_of(p) for p in pages]
-        page_values = [sum(s.edits for s in ss) / sum(s.upper_len for s in ss) for ss in per_page
-                       if sum(s.upper_len for s in ss)]
+        page_values = [value for value in map(page_edit, per_page) if value is not None]
         flat = [s for ss in per_page for s in ss if s.upper_len]
         return {
             "Edit_dist.ALL_page_avg": sum(page_values) / len(page_values) if page_values else None,
-            "Edit_dist.edit_whole": sum(s.edits for s in flat) / sum(s.upper_len for s in flat) if flat else None,
+            "Edit_dist.edit_whole": page_edit(flat),
             "Edit_dist.edit_sample_avg": sum(s.edits / s.upper_len for s in flat) / len(flat) if flat else None,
         }
 

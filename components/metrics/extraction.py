@@ -25,7 +25,6 @@ their true offsets; this ordering feeds the matching, so it is reproduced as is.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 
 TEXT = "text_all"
@@ -185,10 +184,9 @@ def pipe_tables_to_html(content: str) -> str:
     return merged.replace("<table>", '<table border="1" >').replace("<td>", '<td colspan="1" rowspan="1">')
 
 
-def _cut(content: str, spans: list[tuple[int, int]], category: str, elements: list[PredictedElement],
-         fine: str = "", transform: Callable[[str], str] = lambda s: s) -> str:
+def _cut(content: str, spans: list[tuple[int, int]], category: str, elements: list[PredictedElement]) -> str:
     for start, end in spans:
-        elements.append(PredictedElement(category, transform(content[start:end]), start, fine))
+        elements.append(PredictedElement(category, content[start:end], start))
         content = _blank(content, start, end)
     return content
 

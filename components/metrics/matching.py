@@ -38,7 +38,7 @@ from scipy.optimize import linear_sum_assignment
 
 from components.metrics.extraction import DISPLAY_FORMULA, INLINE_FORMULA, TEXT
 from components.metrics.formula import normalize_formula
-from components.metrics.text import normalize_text
+from components.metrics.text import normalize_text, normalized_edit_distance
 
 TEXT_CATEGORIES = (
     "text_block", "title", "code_txt", "code_txt_caption", "reference", "equation_caption", "figure_caption",
@@ -95,17 +95,11 @@ class Match:
     gt_attributes: list[dict] = field(default_factory=list)
 
 
-def normalized_distance(a: str, b: str) -> float:
-    """Levenshtein / longer length; 0 for two empty strings."""
-    longest = max(len(a), len(b))
-    return Levenshtein.distance(a, b) / longest if longest else 0.0
-
-
 def distance_matrix(gt_lines: list[str], pred_lines: list[str]) -> np.ndarray:
     matrix = np.zeros((len(gt_lines), len(pred_lines)))
     for i, gt in enumerate(gt_lines):
         for j, pred in enumerate(pred_lines):
-            matrix[i, j] = normalized_distance(gt, pred)
+            matrix[i, j] = normalized_edit_distance(gt, pred)
     return matrix
 
 
@@ -198,7 +192,7 @@ def _merge_helps(gt: str, parts: list[str]) -> tuple[bool, bool]:
     if len(parts) == 1:
         return False, False
     current, merged = " ".join(parts[:-1]), " ".join(parts)
-    if normalized_distance(gt, merged) > normalized_distance(gt, current):
+    if normalized_edit_distance(gt, merged) > normalized_edit_distance(gt, current):
         return False, False
     for part in parts[:-1]:
         fit = _fuzzy_inside(gt, part)
@@ -277,7 +271,7 @@ def _truncation_columns(cost: np.ndarray, gt_lines: list[str], pred_lines: list[
                     break
             candidates.append(list(range(start, start + step)))
             joined = " ".join(pred_lines[start:start + step])
-            candidate_costs.append(normalized_distance(gt_lines[gt_index], joined))
+            candidate_costs.append(normalized_edit_distance(gt_lines[gt_index], joined))
         if candidate_costs:
             best = candidate_costs.index(min(candidate_costs))
             runs.append(candidates[best])
@@ -351,7 +345,7 @@ def _match_lines(gt_lines: list[str], pred_lines: list[str]) -> list[tuple[list,
     left_pred = all_pred - {p for key in by_key for p in key}
     if left_pred and left_gt:
         gt_list, pred_list = list(left_gt), list(left_pred)
-        leftover = [[normalized_distance(gt_lines[g], pred_lines[p]) for p in pred_list] for g in gt_list]
+        leftover = [[normalized_edit_distance(gt_lines[g], pred_lines[p]) for p in pred_list] for g in gt_list]
         for r, c in zip(*linear_sum_assignment(leftover), strict=True):
             pairs.append((gt_list[r], [pred_list[c]]))
     elif left_pred:
