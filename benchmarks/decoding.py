@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from components.data.pages import PageDataset
+from components.data.page_store import PageDataset
 from components.data.synthetic import SyntheticConfig, generate_dataset
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DECODERS, DecodeParams

@@ -30,13 +30,14 @@ class IngestSection(_Strict):
     synthetic_preset: Literal["tiny", "standard"] = "tiny"
     pdf_dir: str | None = None  # bring your own pages: PDFs rendered with pypdfium2
     image_dir: str | None = None
+    # Records per shard of the page store made at ingest (curation tasks run one per shard).
+    shard_rows: int = Field(10_000, ge=1)
 
 
 class PreannotationSection(_Strict):
     backend: str = "rapidocr"
     options: dict[str, Any] = Field(default_factory=dict)
     max_pages: int | None = Field(16, ge=1)  # the demo pre-annotates a sample; None = all pages
-    shards: int = Field(1, ge=1)  # pages are split by hash into shards annotated in parallel tasks
 
 
 class LabelStudioSection(_Strict):

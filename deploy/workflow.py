@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from components.data.pages import PageDataset
+from components.data.page_store import PageDataset
 from components.pipeline import PipelineConfig
 from components.registry.mlflow_registry import default_tracking_uri
 from deploy.triton.client import DocMarkupClient
@@ -51,7 +51,7 @@ def smoke_test(cfg: PipelineConfig, server: TritonServer) -> dict:
     """Send held-out pages over HTTP (SDB) and gRPC streaming (AR); both must agree (greedy)."""
     dataset = PageDataset(cfg.split_dir(cfg.evaluation.split))
     client = DocMarkupClient(server.http_url, server.grpc_url)
-    pages = dataset.pages()[: cfg.deploy.smoke_pages]
+    pages = list(dataset.iter_pages(page_ids=dataset.ids(limit=cfg.deploy.smoke_pages)))
     agreed = 0
     latencies = []
     for page in pages:
@@ -75,7 +75,7 @@ def replay_pages(cfg: PipelineConfig, split: str = "test", limit: int | None = N
     dataset = PageDataset(cfg.split_dir(split))
     client = endpoint_client(cfg)
     sent = 0
-    for page in dataset.pages()[:limit]:
+    for page in dataset.iter_pages(page_ids=dataset.ids(limit=limit)):
         buffer = io.BytesIO()
         dataset.load_image(page).save(buffer, format="PNG")
         client.transcribe(buffer.getvalue(), decoder="sdb", max_new_tokens=cfg.evaluation.max_new_tokens)

@@ -7,7 +7,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task, unmapped
 
 from components.curation import workflow
-from components.data.pages import PageDataset
+from components.data.page_store import PageDataset
 from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve, run_flow_cli, task_runner_for
 
 ingest = task(workflow.ingest_pages, name="ingest-pages", **TASK_DEFAULTS)
@@ -24,9 +24,9 @@ def curate_flow(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None =
     cfg = resolve(config, overrides)
     logger = get_run_logger()
     summary: dict[str, Any] = {"ingest": ingest(cfg)}
-    shards = preannotate_shard.map(unmapped(cfg), range(cfg.curation.preannotation.shards))  # parallel
-    summary["preannotation"] = shards.result()
-    predictions, annotator_version = merge(cfg)
+    units = workflow.preannotation_units(cfg)  # one per page-store shard
+    summary["preannotation"] = preannotate_shard.map(unmapped(cfg), units).result()  # parallel
+    predictions, annotator_version = merge(cfg, summary["preannotation"])
     if cfg.curation.label_studio.enabled:
         summary["corrections"] = corrections(cfg)
         summary["queue"] = queue(cfg, PageDataset(cfg.pages_dir), predictions, annotator_version)

@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger, task, unmapped
 
 from components.curation.workflow import current_data_version
-from components.evaluation.workflow import evaluate_and_register
+from components.evaluation.workflow import evaluate_and_register, evaluate_shard, evaluation_units
 from flows._common import DEFAULT_CONFIG, TASK_DEFAULTS, resolve, run_flow_cli
 
+shard_task = task(evaluate_shard, name="evaluate-shard", **TASK_DEFAULTS)
 evaluate_task = task(evaluate_and_register, name="evaluate-register-gate", **TASK_DEFAULTS)
 
 
@@ -19,8 +20,11 @@ def evaluate(model_dir: str, config: str = DEFAULT_CONFIG, overrides: dict[str, 
              training: dict | None = None) -> dict:
     cfg = resolve(config, overrides)
     data_version = current_data_version(cfg)
+    # One task per shard of the evaluation store (on a Dask cluster, one worker each), then one
+    # report pooled from their page-level scores: the same numbers as evaluating all pages at once.
+    reports = shard_task.map(unmapped(cfg), unmapped(Path(model_dir)), evaluation_units(cfg, Path(model_dir))).result()
     result = evaluate_task(cfg, Path(model_dir), data_version=data_version.to_json() if data_version else None,
-                           training=training)
+                           training=training, reports=reports)
     logger = get_run_logger()
     logger.info("\n%s", result["table"])
     verdict = "promoted to champion" if result["promoted"] else f"NOT promoted: {result['gate_failures']}"

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger, task, unmapped
 
 from components.curation import workflow as curation
-from components.data.pages import PageDataset
+from components.data.page_store import PageDataset
 from components.training.stages import run_stage
 from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve, run_flow_cli
 
 stage_task = task(run_stage, name="train-stage", **TASK_DEFAULTS)
-mine = task(curation.mine_hard_examples, name="mine-hard-examples", **TASK_DEFAULTS)
+mine_shard = task(curation.mine_shard, name="mine-shard", **TASK_DEFAULTS)
+collect_hard = task(curation.collect_hard_examples, name="collect-hard-examples", **TASK_DEFAULTS)
 queue = task(curation.queue_for_annotation, name="queue-hard-examples", **SERVICE_TASK)
 version = task(curation.version_data, name="dvc-version", **TASK_DEFAULTS)
 
@@ -34,12 +35,14 @@ def train(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None)
     model_dir = result.model_dir
 
     if "stage2" in cfg.training.stages:
-        summary["mining"], hard_predictions = mine(cfg, model_dir, model_version=f"stage1:{model_dir}")
+        units = curation.mining_units(cfg)  # one per shard of the training split's store
+        mined = mine_shard.map(unmapped(cfg), unmapped(model_dir), unmapped(f"stage1:{model_dir}"), units).result()
+        summary["mining"], hard_predictions = collect_hard(cfg, model_dir, mined)
         if cfg.curation.label_studio.enabled and hard_predictions:
             summary["hard_queue"] = queue(cfg, PageDataset(cfg.hard_dir), hard_predictions, "stage1-consistency")
         data_version = version(cfg, "train: consistency scores and hard examples")
         summary["data_version"] = data_version.to_json()
-        hard_dir = cfg.hard_dir if PageDataset(cfg.hard_dir).exists() and PageDataset(cfg.hard_dir).pages() else None
+        hard_dir = cfg.hard_dir if len(PageDataset(cfg.hard_dir)) else None
         result = stage_task(cfg, "stage2", dataset_dir=train_dir, init_from=model_dir, hard_dir=hard_dir,
                             data_version=data_version.md5)
         summary["stage2"] = result.summary

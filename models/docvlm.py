@@ -9,8 +9,10 @@ AR, sliding-window and block-diffusion decoding alike.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -122,6 +124,28 @@ def base_config(vocab_size: int, special_ids: dict[str, int], **overrides) -> Do
     return DocVLMConfig(**values)
 
 
+def page_pixels(images: list[Image.Image], image_size: tuple[int, int], ink_scale: float) -> torch.Tensor:
+    """Grayscale, fit into ``image_size`` keeping aspect, pad white, feed ink intensity (CPU float32).
+
+    Pages are mostly blank paper. Fed as brightness, every patch starts from the same large
+    value and the few ink pixels are a small perturbation of it: a freshly initialised encoder
+    then emits nearly identical features for every page and the decoder learns to ignore
+    them (measured: loss with a page's own image equal to the loss with another page's).
+    Fed as ink (paper = 0), blank patches embed to the bias alone and text dominates, and the
+    tiny model starts reading within a few hundred CPU steps.
+    """
+    height, width = image_size
+    batch = np.full((len(images), 1, height, width), 255, dtype=np.uint8)
+    for i, image in enumerate(images):
+        gray = image.convert("L")
+        scale = min(width / gray.width, height / gray.height)
+        size = (max(1, round(gray.width * scale)), max(1, round(gray.height * scale)))
+        resized = gray.resize(size, Image.Resampling.BILINEAR) if size != gray.size else gray
+        batch[i, 0, : size[1], : size[0]] = np.asarray(resized)
+    ink = 1.0 - torch.from_numpy(batch).float().div_(255.0)
+    return ink * ink_scale
+
+
 def conv_stem(config: DocVLMConfig) -> nn.Sequential:
     """Stride-2 3x3 convolutions with GroupNorm and GELU, ending in the ViT's input channels."""
     layers: list[nn.Module] = []
@@ -183,25 +207,12 @@ class DocVLMForConditionalGeneration(PreTrainedModel):
 
     # ----- image side -------------------------------------------------------------------
     def preprocess(self, images: list[Image.Image]) -> torch.Tensor:
-        """Grayscale, fit into the configured size keeping aspect, pad white, feed ink intensity.
+        """:func:`page_pixels` at the configured size, on the model's device and dtype."""
+        return self.cpu_preprocessor()(images).to(self.device, self.dtype)
 
-        Pages are mostly blank paper. Fed as brightness, every patch starts from the same large
-        value and the few ink pixels are a small perturbation of it: a freshly initialised encoder
-        then emits nearly identical features for every page and the decoder learns to ignore
-        them (measured: loss with a page's own image equal to the loss with another page's).
-        Fed as ink (paper = 0), blank patches embed to the bias alone and text dominates, and the
-        tiny model starts reading within a few hundred CPU steps.
-        """
-        height, width = self.config.image_size
-        batch = np.full((len(images), 1, height, width), 255, dtype=np.uint8)
-        for i, image in enumerate(images):
-            gray = image.convert("L")
-            scale = min(width / gray.width, height / gray.height)
-            size = (max(1, round(gray.width * scale)), max(1, round(gray.height * scale)))
-            resized = gray.resize(size, Image.Resampling.BILINEAR) if size != gray.size else gray
-            batch[i, 0, : size[1], : size[0]] = np.asarray(resized)
-        ink = 1.0 - torch.from_numpy(batch).float().div_(255.0)
-        return (ink * self.config.ink_scale).to(self.device, self.dtype)
+    def cpu_preprocessor(self) -> Callable[[list[Image.Image]], torch.Tensor]:
+        """A picklable CPU preprocessor (for DataLoader worker processes)."""
+        return functools.partial(page_pixels, image_size=tuple(self.config.image_size), ink_scale=self.config.ink_scale)
 
     def encode_images(self, pixel_values: torch.Tensor) -> PagePrefix:
         """Patch features, merged spatially and projected to the decoder's width."""
@@ -219,6 +230,13 @@ class DocVLMForConditionalGeneration(PreTrainedModel):
     # ----- text side --------------------------------------------------------------------
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.language_model.get_input_embeddings()(input_ids)
+
+    def get_input_embeddings(self) -> nn.Module:
+        """The decoder's token embeddings (``transformers`` and ``peft`` look them up here)."""
+        return self.language_model.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.language_model.set_input_embeddings(value)
 
     def forward(
         self,

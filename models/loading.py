@@ -98,9 +98,12 @@ def new_tiny_model(
     return DocVLMForConditionalGeneration(config).eval()
 
 
-def save_markup_model(model: DocVLMForConditionalGeneration, tokenizer: PreTrainedTokenizerFast, path: str | Path) -> Path:
+def save_markup_model(model: DocVLMForConditionalGeneration, tokenizer: PreTrainedTokenizerFast, path: str | Path,
+                      state_dict: dict | None = None) -> Path:
+    """``save_pretrained`` of model and tokenizer (``state_dict``: other weights under the same names,
+    e.g. LoRA-merged ones)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(path))
+    model.save_pretrained(str(path), state_dict=state_dict)
     tokenizer.save_pretrained(str(path))
     return path

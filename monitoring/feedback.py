@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from components.curation.labelstudio import PagePrediction, QueueResult, queue_pages
-from components.data.pages import Page, PageDataset, load_image
+from components.data.page_store import PageDataset
+from components.data.pages import Page, load_image
 from monitoring.request_log import RequestLog, ServedPage
 
 

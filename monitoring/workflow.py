@@ -6,7 +6,7 @@ import logging
 
 import mlflow
 
-from components.data.pages import PageDataset
+from components.data.page_store import PageDataset
 from components.pipeline import PipelineConfig
 from components.registry import mlflow_registry as registry
 from monitoring.drift import SIGNALS, check_drift, load_reference

@@ -9,7 +9,7 @@ import pytest
 from components.data.synthetic import generate_dataset
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
-from components.evaluation.evaluate import evaluate_decoders
+from components.evaluation.evaluate import evaluate_decoders, merge_reports
 from components.evaluation.workflow import log_report
 from components.registry import mlflow_registry as registry
 from models.loading import new_tiny_model, save_markup_model
@@ -20,12 +20,31 @@ def tiny_model_dir(tokenizer, tmp_path_factory):
     return save_markup_model(new_tiny_model(tokenizer), tokenizer, tmp_path_factory.mktemp("model"))
 
 
+DECODERS = [DecodeParams(decoder=name, max_new_tokens=24) for name in ("sdb", "ppc")]
+
+
 @pytest.fixture(scope="module")
-def report(tiny_model_dir, tmp_path_factory):
-    dataset = generate_dataset(tmp_path_factory.mktemp("pages"), 3, seed=123)
+def dataset(tmp_path_factory):
+    return generate_dataset(tmp_path_factory.mktemp("pages"), 3, seed=123)
+
+
+@pytest.fixture(scope="module")
+def report(tiny_model_dir, dataset):
+    return evaluate_decoders(DecodingEngine.from_pretrained(tiny_model_dir), dataset, DECODERS)
+
+
+def test_reports_of_disjoint_shards_merge_into_the_report_of_all_pages(report, tiny_model_dir, dataset):
     engine = DecodingEngine.from_pretrained(tiny_model_dir)
-    decoders = [DecodeParams(decoder=name, max_new_tokens=24) for name in ("sdb", "ppc")]
-    return evaluate_decoders(engine, dataset, decoders)
+    pages = dataset.pages()
+    parts = [evaluate_decoders(engine, dataset, DECODERS, pages=pages[:2]), evaluate_decoders(engine, dataset, DECODERS, pages=pages[2:])]
+    merged = merge_reports(parts)
+    assert merged.n_pages == 3 and list(merged.decoders) == list(report.decoders)
+    for name, whole in report.decoders.items():
+        assert merged.decoders[name].scores == pytest.approx(whole.scores)
+        assert merged.decoders[name].outputs == whole.outputs
+        assert merged.decoders[name].speed["forward_passes"] == whole.speed["forward_passes"]
+        assert [row["page_id"] for row in merged.decoders[name].pages] == [p.page_id for p in pages]
+    assert merged.ratios()["sdb"]["forward_reduction"] == pytest.approx(report.ratios()["sdb"]["forward_reduction"])
 
 
 def test_report_compares_every_decoder_with_ar_in_one_run(report):

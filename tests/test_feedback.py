@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from components.curation.labelstudio import connect, ensure_project, queued_page_ids
-from components.data.pages import PageDataset
+from components.data.page_store import PageDataset
 from components.data.synthetic import generate_page
 from monitoring.feedback import low_confidence_entries, push_low_confidence_pages
 from monitoring.request_log import RequestLog, ServedPage

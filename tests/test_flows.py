@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import yaml
 
-from components.data.pages import PageDataset
+from components.data.page_store import PageDataset
 from components.pipeline import PipelineConfigError, load_pipeline_config
 
 
@@ -27,8 +27,8 @@ def _pipeline_yaml(tmp_path, **sections) -> str:
         "name": "flowtest",
         "repo_root": str(repo),
         "work_dir": str(tmp_path / "work"),
-        "ingest": {"synthetic_pages": 12, "synthetic_seed": 500},
-        "curation": {"preannotation": {"backend": "rapidocr", "max_pages": 2, "shards": 2},
+        "ingest": {"synthetic_pages": 12, "synthetic_seed": 500, "shard_rows": 3},
+        "curation": {"preannotation": {"backend": "rapidocr", "max_pages": 4},
                      "label_studio": {"enabled": False}},
         "training": {"stages": {"stage1": {"config": "configs/train/stage1.yaml"}}},
         **sections,
@@ -92,9 +92,11 @@ def test_curate_flow_ingests_preannotates_splits_and_versions(prefect_api, tmp_p
     summary = curate(config)
     cfg = load_pipeline_config(config)
     assert summary["ingest"]["synthetic_added"] == 12
-    assert sum(s["annotated"] for s in summary["preannotation"]) == 2  # two shards, two pages in all
+    # 12 pages in store shards of 3: the first 4 pages are pre-annotated by one task per shard
+    assert [s["annotated"] + s["skipped"] for s in summary["preannotation"]] == [3, 1]
+    assert len({s["shard"] for s in summary["preannotation"]}) == 2
     annotated = [p for p in PageDataset(cfg.pages_dir).pages() if "preannotation" in p.meta]
-    assert len(annotated) == 2 and all(0.0 <= p.meta["preannotation"]["confidence"] <= 1.0 for p in annotated)
+    assert len(annotated) == 4 and all(0.0 <= p.meta["preannotation"]["confidence"] <= 1.0 for p in annotated)
     assert sum(summary["splits"].values()) == 12
     assert (cfg.repository / "data.dvc").exists() and summary["data_version"]["files"] > 12
 

@@ -25,7 +25,8 @@ from components.curation.labelstudio import (
     validate_markup,
     view_id,
 )
-from components.data.pages import InvalidPageError, PageDataset
+from components.data.page_store import PageDataset
+from components.data.pages import InvalidPageError
 from components.data.synthetic import generate_dataset
 from components.services.labelstudio import ServiceError, start_label_studio
 from components.services.process import LOOPBACK, free_port
@@ -272,9 +273,9 @@ def test_correction_round_trip_into_dataset(client, project_title, tmp_path):
     untouched = [p for p in dataset.pages() if p.page_id != page_id]
     assert all(p.markup_override is None for p in untouched)
 
-    manifest = dataset.manifest.read_bytes()
+    version = dataset.fingerprint()
     assert apply_corrections(dataset, export_corrections(client, project_id)) == []
-    assert dataset.manifest.read_bytes() == manifest
+    assert dataset.fingerprint() == version
 
 
 @pytest.mark.services
@@ -286,14 +287,14 @@ def test_broken_correction_is_reported_not_applied_not_lost(client, project_titl
     task_id = queued.task_ids[page_id]
     broken = f"# Title\n\n{BROKEN_TABLE}"
     annotation = _submit(client, task_id, broken, confidence="unsure")
-    manifest = dataset.manifest.read_bytes()
+    version = dataset.fingerprint()
 
     corrections = export_corrections(client, project_id)
     [rejected] = corrections
     assert not rejected.accepted and rejected.page_id == page_id
     assert "not well-formed" in rejected.reason
     assert apply_corrections(dataset, corrections) == []
-    assert dataset.manifest.read_bytes() == manifest
+    assert dataset.fingerprint() == version
 
     # The annotator sees why, on the task itself and in the "Needs fix" tab ...
     task = client.tasks.get(id=task_id)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.data.pages import InvalidPageError, PageDataset, load_image
+from components.data.page_store import PageDataset
+from components.data.pages import InvalidPageError, load_image
 from components.data.pdf import PdfImportError, import_images, import_pdfs, main, pdf_page_id, render_pdf
 from components.data.synthetic import generate_page
 
@@ -191,7 +192,7 @@ def test_folder_with_a_bad_pdf_keeps_nothing_or_only_the_good_ones(tmp_path, pag
     report = import_pdfs(folder, root, on_error="skip")
     assert len(report.added) == 3 and [name for name, _ in report.failed] == [str(folder / "b-bad.pdf")]
     assert {p.source for p in PageDataset(root).pages()} == {"pdf:a-good.pdf#1", "pdf:a-good.pdf#2", "pdf:c-good.pdf#1"}
-    assert len(list((root / "images").iterdir())) == 3
+    assert len([p for p in (root / "images").rglob("*") if p.is_file()]) == 3
 
 
 def test_pdf_failing_after_its_first_page_leaves_no_images_behind(tmp_path, pages):
@@ -204,7 +205,7 @@ def test_pdf_failing_after_its_first_page_leaves_no_images_behind(tmp_path, page
     [(name, reason)] = report.failed
     assert name.endswith("a-mixed.pdf") and "page 2" in reason and "too small" in reason
     assert [p.source for p in PageDataset(root).pages()] == ["pdf:b-good.pdf#1"]
-    assert len(list((root / "images").iterdir())) == 1  # page 1 of the failed PDF was removed again
+    assert len([p for p in (root / "images").rglob("*") if p.is_file()]) == 1  # page 1 of the failed PDF was removed again
 
 
 def test_bad_arguments_are_refused_before_any_work(tmp_path, pdf):

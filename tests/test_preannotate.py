@@ -33,7 +33,7 @@ from components.curation.preannotate import (
     strip_image_tokens,
     unicode_math_to_latex,
 )
-from components.data.pages import PageDataset
+from components.data.page_store import PageDataset
 from components.data.synthetic import SyntheticConfig, generate_dataset, generate_page
 from components.metrics import score_page
 from components.services.process import free_port

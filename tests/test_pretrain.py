@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from components.data.page_store import PageDataset
 from components.training.pretrain import main
 from models.loading import load_markup_model
 
@@ -15,7 +16,7 @@ def test_pretrain_resumes_and_writes_a_model_card(tmp_path):
             "--set", "train.save_every=2", "--set", "optim.warmup_steps=1", "--set", "train.micro_batch_size=2"]
     assert main([*args, "--stop-at-step", "2"]) == 3  # interrupted: checkpoint kept, no folder yet
     assert not out.exists()
-    pages = json.loads((work / "pages" / "pages.jsonl").read_text().splitlines()[-1])
+    pages = PageDataset(work / "pages").pages()[-1].to_json()
     assert pages["page_id"].startswith("lines-") and pages["meta"]["preset"] == "lines"
     assert main(args) == 0  # resumes at step 2
     meta = json.loads((out / "pretrain.json").read_text())

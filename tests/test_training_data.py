@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from components.data.pages import InvalidPageError, PageDataset
+from components.data.page_store import PageDataset
+from components.data.pages import InvalidPageError
 from components.data.synthetic import generate_dataset
 from components.training.config import TrainConfigError, load_train_config, parse_train_config
 from components.training.data import (
@@ -113,7 +114,7 @@ def test_bad_consistency_and_empty_pages_fail_before_training(tmp_path, pages_di
     bad.write(pages)
     with pytest.raises(InvalidPageError, match="empty markup"):
         load_examples(bad.root, tokenizer, 256)
-    with pytest.raises(FileNotFoundError, match=r"no pages\.jsonl"):
+    with pytest.raises(FileNotFoundError, match=r"no page store"):
         load_examples(tmp_path / "missing", tokenizer, 256)
 
 
@@ -125,12 +126,16 @@ def test_training_data_batches_are_reproducible(pages_dir, tokenizer):
     assert first.page_ids == again.page_ids and torch.equal(first.tokens, again.tokens)
 
 
-def test_fingerprint_hashes_the_manifest(pages_dir):
-    import hashlib
-
+def test_fingerprint_changes_with_the_records(tmp_path, pages_dir):
     print_ = dataset_fingerprint(pages_dir)
-    assert print_["pages_sha256"] == hashlib.sha256((pages_dir / "pages.jsonl").read_bytes()).hexdigest()
-    assert print_["n_pages"] == 6
+    assert print_["n_pages"] == 6 and print_ == dataset_fingerprint(pages_dir)
+    copy = PageDataset(tmp_path / "copy")
+    pages = PageDataset(pages_dir).pages()
+    copy.write(pages)
+    before = dataset_fingerprint(copy.root)["pages_sha256"]
+    pages[0].meta["consistency"] = 0.5
+    copy.upsert([pages[0]])
+    assert dataset_fingerprint(copy.root)["pages_sha256"] != before
 
 
 # ----- config validation ----------------------------------------------------------------------
@@ -220,3 +225,55 @@ def test_lr_schedule_warms_up_then_decays():
     assert lr_factor(20, 4, 20, "cosine", 0.1) == pytest.approx(0.1)
     assert lr_factor(12, 4, 20, "linear", 0.0) == pytest.approx(0.5)
     assert lr_factor(0, 0, 10, "constant", 0.0) == 1.0
+
+
+# ----- streaming from a sharded store -------------------------------------------------------
+@pytest.fixture(scope="module")
+def sharded_dir(tmp_path_factory, pages_dir) -> Path:
+    root = tmp_path_factory.mktemp("sharded") / "pages"
+    source = PageDataset(pages_dir)
+    store = PageDataset(root, shard_rows=2)
+    pages = source.pages()
+    for page in pages:
+        store.store_image(source.load_image(page))
+    store.write(pages)
+    assert len(store.shards()) == 3
+    return root
+
+
+def test_sharded_examples_tokenise_each_shard_once_and_cover_the_store(sharded_dir, tokenizer, monkeypatch):
+    from components.training.data import ShardedExamples
+
+    examples = load_examples(sharded_dir, tokenizer, 256)
+    assert sorted(e.page_id for e in examples) == sorted(PageDataset(sharded_dir).ids())
+    caches = sorted((sharded_dir / ".token-cache").glob("*.npz"))
+    assert len(caches) == 3 and examples.shard_sizes == [2, 2, 2]
+    monkeypatch.setattr(ShardedExamples, "_tokenise", lambda *_: pytest.fail("a cached shard was tokenised again"))
+    again = load_examples(sharded_dir, tokenizer, 256)
+    assert [e.token_ids for e in again] == [e.token_ids for e in examples]
+
+
+def test_block_shuffle_covers_each_epoch_once_and_reads_few_shards_at_a_time():
+    sizes = [5] * 40
+    plan = BatchPlan(sizes, 0, 0.0, seed=1, micro_batch=4, grad_accum=1, world_size=1)
+    epoch = [i for step in range(50) for _, i in plan.global_indices(step)]
+    assert sorted(epoch) == list(range(200))
+    for start in range(0, 200, 20):  # each stretch of 20 examples comes from one block of 4 shards
+        assert len({i // 5 for i in epoch[start : start + 20]}) <= 4
+    assert epoch != sorted(epoch)
+
+
+def test_dataloader_workers_give_the_same_batches_as_the_main_process(sharded_dir, tokenizer):
+    from functools import partial
+
+    from models.docvlm import page_pixels
+
+    examples = load_examples(sharded_dir, tokenizer, 256)
+    plan = BatchPlan(examples.shard_sizes, 0, 0.0, seed=5, micro_batch=2, grad_accum=2, world_size=1)
+    preprocess = partial(page_pixels, image_size=(64, 48), ink_scale=1.0)
+    data = TrainingData(examples, None, plan, tokenizer.pad_token_id, 0.0, preprocess)
+    expected = [data.batch(step, micro, 0) for step in range(3, 6) for micro in range(2)]
+    streamed = list(data.batches(3, 6, rank=0, workers=2))
+    assert [b.page_ids for b in streamed] == [b.page_ids for b in expected]
+    assert all(torch.equal(a.tokens, b.tokens) and torch.equal(a.pixel_values, b.pixel_values)
+               for a, b in zip(streamed, expected, strict=True))

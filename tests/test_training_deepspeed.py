@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from components.data.page_store import PageDataset
 from components.data.synthetic import generate_dataset
 from components.training.config import load_train_config
 from components.training.trainer import latest_checkpoint, run_training
@@ -66,8 +66,7 @@ def test_training_lowers_the_loss_and_writes_a_loadable_model(uninterrupted, wor
     model, tokenizer = load_markup_model(result.model_dir)
     assert model.config.init_token_id == tokenizer.convert_tokens_to_ids("<INIT>")
     meta = json.loads((result.model_dir / "training_meta.json").read_text())
-    manifest = workspace / "pages" / "pages.jsonl"
-    assert meta["data"]["dataset"]["pages_sha256"] == hashlib.sha256(manifest.read_bytes()).hexdigest()
+    assert meta["data"]["dataset"]["pages_sha256"] == PageDataset(workspace / "pages").fingerprint()
     assert meta["deepspeed"]["zero_stage"] == 1 and meta["steps"] == 6
     lines = (result.output_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4, 5, 6]
@@ -134,7 +133,7 @@ def test_darl_fine_tune_runs_through_deepspeed(uninterrupted, workspace):
 
 
 def test_stage2_mixes_weighted_hard_pages(uninterrupted, workspace):
-    from components.data.pages import PageDataset
+    from components.data.page_store import PageDataset
 
     hard = PageDataset(workspace / "hard")
     pages = PageDataset(workspace / "pages").pages()[:4]

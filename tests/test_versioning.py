@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from components.data.page_store import PageDataset
 from components.data.synthetic import generate_dataset
 from components.data.versioning import DataVersioner, DataVersionError
 
@@ -16,7 +17,9 @@ GIT = ["git", "-c", "user.email=test@example.com", "-c", "user.name=test", "-c",
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """The versioned bytes (a page store's derived id index and lock are rebuilt, not versioned)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.name.startswith((".id-index.sqlite", ".lock"))}
 
 
 @pytest.fixture
@@ -38,7 +41,7 @@ def test_commit_change_and_restore_exact_bytes(git_repo, tmp_path):
     data = git_repo / "data"
     generate_dataset(data / "raw", 3, seed=0)
     v1 = versioner.commit("three raw pages")
-    assert (git_repo / "data.dvc").exists() and v1.md5.endswith(".dir") and v1.files == 4  # 3 images + manifest
+    assert (git_repo / "data.dvc").exists() and v1.md5.endswith(".dir") and v1.files == 5  # 3 images + shard + index
     assert v1.git_revision is not None and len(v1.git_revision) == 40 and v1.dvc_file_committed is False
     assert v1.size == sum(len(b) for b in _snapshot(data).values())
     snapshot_v1 = _snapshot(data)
@@ -46,11 +49,14 @@ def test_commit_change_and_restore_exact_bytes(git_repo, tmp_path):
     same = versioner.commit("nothing changed")
     assert same.md5 == v1.md5 and len(versioner.versions()) == 1
 
-    (data / "raw" / "pages.jsonl").write_text("changed\n")
+    raw = PageDataset(data / "raw")
+    changed = raw.pages()[0]
+    changed.meta["consistency"] = 0.5
+    raw.upsert([changed])
     generate_dataset(data / "hard", 1, seed=9)
     assert versioner.is_dirty()
     v2 = versioner.commit("corrections and hard examples")
-    assert v2.md5 != v1.md5 and v2.files == 6 and not versioner.is_dirty()
+    assert v2.md5 != v1.md5 and v2.files == 9 and not versioner.is_dirty()
     snapshot_v2 = _snapshot(data)
     assert [v["message"] for v in versioner.versions()] == ["three raw pages", "corrections and hard examples"]
     assert versioner.current_version().md5 == v2.md5
@@ -62,7 +68,7 @@ def test_commit_change_and_restore_exact_bytes(git_repo, tmp_path):
     with pytest.raises(DataVersionError, match="not in the cache nor in remote"):
         versioner.checkout("0123456789abcdef0123456789abcdef")
     assert versioner.current_version().md5 == v2.md5 and _snapshot(data) == snapshot_v2
-    assert v2.as_tags()["data.md5"] == v2.md5 and v2.as_tags()["data.files"] == "6"
+    assert v2.as_tags()["data.md5"] == v2.md5 and v2.as_tags()["data.files"] == "9"
 
 
 def test_checkout_refuses_to_drop_uncommitted_changes(git_repo, tmp_path):

@@ -46,7 +46,8 @@ import httpx
 from lxml import etree
 
 from components.data.markup import ALL_CATEGORIES, BLOCK_CATEGORIES, MarkupBlock, parse_markup, render_markup
-from components.data.pages import InvalidPageError, LayoutElement, Page, PageDataset
+from components.data.page_store import PageDataset
+from components.data.pages import InvalidPageError, LayoutElement, Page
 
 MARKUP_FIELD = "markup"
 CONFIDENCE_FIELD = "annotator_confidence"
@@ -396,7 +397,7 @@ def queue_pages(
         seen.add(pred.page_id)
         if not math.isfinite(pred.confidence):
             raise ValueError(f"page {pred.page_id!r} has a non-finite confidence {pred.confidence!r}")
-    pages = {p.page_id: p for p in dataset.pages()}
+    pages = dataset.get_many(seen)
     missing = sorted(seen - pages.keys())
     if missing:
         raise KeyError(f"pages not in dataset {dataset.root}: {missing[:10]}{' ...' if len(missing) > 10 else ''}")
@@ -720,7 +721,7 @@ def apply_corrections(dataset: PageDataset, corrections: Iterable[Correction]) -
             latest[corr.page_id] = corr
     if not latest:
         return []
-    pages = {p.page_id: p for p in dataset.pages()}
+    pages = dataset.get_many(latest)
     unknown = sorted(set(latest) - pages.keys())
     if unknown:
         raise KeyError(f"corrections for pages not in dataset {dataset.root}: {unknown[:10]}")

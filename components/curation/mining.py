@@ -26,7 +26,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from components.curation.storage import Journal, write_subset
-from components.data.pages import InvalidPageError, Page, PageDataset
+from components.data.page_store import HARD, PageDataset
+from components.data.pages import InvalidPageError, Page
 from components.decoding.types import DecodeParams
 from components.metrics.consistency import CONSISTENCY_KINDS, pairwise_consistency
 
@@ -70,10 +71,8 @@ def _fold(dataset: PageDataset, journal: Journal, tau_train: float) -> None:
     if not latest:
         return
     changed: list[Page] = []
-    for page in dataset.pages():
-        record = latest.get(page.page_id)
-        if record is None:
-            continue
+    for page in dataset.get_many(latest).values():
+        record = latest[page.page_id]
         meta = {**page.meta, "consistency": record["consistency"], "hard": record["consistency"] < tau_train,
                 "consistency_run": {**record["settings"], "tau_train": tau_train, "mined_at": record["mined_at"]}}
         if meta != page.meta:
@@ -99,12 +98,14 @@ def mine_consistency(
     page_ids: Iterable[str] | None = None,
     flush_every: int = 25,
     keep_samples: bool = False,
+    journal_name: str | None = None,
 ) -> MiningReport:
     """Score every page's consistency C(x) and flag pages under ``tau_train`` as hard.
 
     ``model_version`` (recommended) is part of the settings a finished page is matched on, so
     a new model re-mines every page. ``keep_samples`` also journals the T outputs (for
-    inspection; the manifest only gets C, ``hard`` and the settings).
+    inspection; the manifest only gets C, ``hard`` and the settings). Tasks mining different
+    pages of one store in parallel (one per shard) each pass their own ``journal_name``.
     """
     if T < 2:
         raise ValueError(f"consistency needs at least T=2 samples per page, got T={T}")
@@ -121,7 +122,7 @@ def mine_consistency(
     settings = {"T": T, "temperature": temperature, "top_k": top_k, "kind": kind, "seed": seed, "decoder": decoder,
                 "max_new_tokens": max_new_tokens, "model_version": model_version}
     key = _settings_key(settings)
-    journal = Journal(dataset.root / JOURNAL_NAME)
+    journal = Journal(dataset.root / (journal_name or JOURNAL_NAME))
     journal.repair()
     _fold(dataset, journal, tau_train)
 
@@ -129,14 +130,11 @@ def mine_consistency(
     for record in journal.records():
         if record.get("status") == "done":
             latest[record["page_id"]] = record
-    wanted = set(page_ids) if page_ids is not None else None
     report = MiningReport(scores={}, hard=[], tau_train=tau_train, settings=settings)
     started = time.perf_counter()
     pending = 0
     try:
-        for page in dataset.pages():
-            if wanted is not None and page.page_id not in wanted:
-                continue
+        for page in dataset.iter_pages(page_ids=page_ids):
             previous = latest.get(page.page_id)
             if resume and previous is not None and previous.get("settings_key") == key:
                 report.scores[page.page_id] = previous["consistency"]
@@ -174,8 +172,8 @@ def mine_consistency(
 
 
 def hard_examples(dataset: PageDataset) -> list[Page]:
-    """Pages flagged hard by the last mining run, least consistent first."""
-    hard = [page for page in dataset.pages() if page.meta.get("hard")]
+    """Pages flagged hard by the last mining run, least consistent first (a scan of one column)."""
+    hard = list(dataset.iter_pages(HARD))
     return sorted(hard, key=lambda page: (page.meta.get("consistency", 0.0), page.page_id))
 
 

@@ -48,7 +48,8 @@ from PIL import Image
 
 from components.curation.storage import Journal, link_or_copy
 from components.data.markup import MarkupBlock, render_markup
-from components.data.pages import InvalidPageError, LayoutElement, Page, PageDataset, validate_image
+from components.data.page_store import PageDataset
+from components.data.pages import InvalidPageError, LayoutElement, Page, validate_image
 from components.services.process import ServiceError
 
 logger = logging.getLogger(__name__)
@@ -841,8 +842,8 @@ def _fold(dataset: PageDataset, target: PageDataset, journal: Journal) -> int:
     if not latest:
         return 0
     in_place = target.root.resolve() == dataset.root.resolve()
-    source_pages = {p.page_id: p for p in dataset.pages()}
-    current = {p.page_id: p for p in target.pages()} if target.exists() else {}
+    source_pages = dataset.get_many(latest)
+    current = target.get_many(latest)
     changed: list[Page] = []
     for page_id, record in latest.items():
         meta_record = _meta_record(record)
@@ -897,13 +898,11 @@ def preannotate_dataset(
     report = PreAnnotationReport(model_version=version)
     _fold(dataset, target, journal)  # a crash after journaling but before the manifest rewrite
     done = {r["page_id"] for r in journal.records() if r.get("status") == "done" and r.get("model_version") == version}
-    wanted = set(page_ids) if page_ids is not None else None
+    wanted = list(dict.fromkeys(page_ids)) if page_ids is not None else None
     started = time.perf_counter()
     pending = 0
     try:
-        for page in dataset.pages():
-            if wanted is not None and page.page_id not in wanted:
-                continue
+        for page in dataset.iter_pages(page_ids=wanted):
             if resume and page.page_id in done:
                 report.skipped.append(page.page_id)
                 continue

@@ -3,9 +3,10 @@
 A page's split comes from a hash of its group key (``meta["document_id"]`` when present, so all
 pages of one document land together and cannot leak across splits; else the page id), mapped
 to [0, 1) and cut by the configured ratios. Adding pages never changes the split of existing
-ones. ``splits.json`` in the dataset folder records every assignment; when it exists, recorded
-assignments win over the hash, so even changing the ratios later only affects new pages
-(``reassign=True`` recomputes everything on purpose).
+ones: each page records its split in ``meta["split"]``, which wins over the hash, so even changing
+the ratios later only affects new pages (``reassign=True`` recomputes everything on purpose).
+``splits.json`` records how (method, salt, ratios). Kept on the page rather than in one file of
+every assignment, the record grows with the store's shards and a split run holds one shard at a time.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ import logging
 import math
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from components.curation.storage import write_subset
-from components.data.pages import Page, PageDataset, atomic_write_text
+from components.data.page_store import PageDataset
+from components.data.pages import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
-SPLITS_FILE = "splits.json"
+SPLITS_FILE = "splits.json"  # how splits are assigned (method, salt, ratios); each page records its own
+SPLIT_KEY = "split"  # page.meta key holding the page's split
 DEFAULT_RATIOS = {"train": 0.8, "val": 0.1, "test": 0.1}
 DEFAULT_SALT = "docmarkup-splits-v1"
 DEFAULT_GROUP_KEY = "document_id"
@@ -60,22 +63,30 @@ def assign_split(key: str, ratios: dict[str, float] = DEFAULT_RATIOS, salt: str 
     return names[-1]  # rounding at the very top of [0, 1)
 
 
-def group_key(page: Page, group_by: str | None = DEFAULT_GROUP_KEY) -> str:
-    if group_by and page.meta.get(group_by) is not None:
-        return f"{group_by}:{page.meta[group_by]}"
-    return f"page:{page.page_id}"
+def document_group(meta: dict | str, group_by: str | None = DEFAULT_GROUP_KEY) -> str | None:
+    """The group key of a page from its ``meta`` (a dict, or the JSON text as stored), or None when
+    the page is its own group."""
+    if isinstance(meta, str):  # parse only when the key can be there (most pages have no group)
+        meta = json.loads(meta) if group_by and f'"{group_by}"' in meta else {}
+    value = meta.get(group_by) if group_by else None
+    return f"{group_by}:{value}" if value is not None else None
 
 
 @dataclass
 class SplitResult:
-    assignments: dict[str, str]  # page id -> split
+    dataset: PageDataset
     ratios: dict[str, float]
+    split_counts: dict[str, int]
     new_pages: list[str] = field(default_factory=list)  # assigned by this call
     datasets: dict[str, PageDataset] = field(default_factory=dict)  # split -> dataset, when written
 
     def counts(self) -> dict[str, int]:
-        counts = Counter(self.assignments.values())
-        return {name: counts.get(name, 0) for name in self.ratios}
+        return dict(self.split_counts)
+
+    @property
+    def assignments(self) -> dict[str, str]:
+        """Page id -> split, read from the store (every page: memory grows with it; for inspection)."""
+        return {page.page_id: page.meta[SPLIT_KEY] for page in self.dataset.iter_pages() if SPLIT_KEY in page.meta}
 
     def pages_of(self, split: str) -> list[str]:
         return sorted(pid for pid, name in self.assignments.items() if name == split)
@@ -100,48 +111,61 @@ def make_splits(
     out_dir: str | os.PathLike | None = None,
     reassign: bool = False,
 ) -> SplitResult:
-    """Assign every page a split, record it in ``splits.json``, optionally write split datasets.
+    """Give every page without one a split (recorded on the page), optionally write split datasets.
 
-    With ``out_dir``, each split is written as its own dataset folder ``out_dir/<split>/``.
+    With ``out_dir``, each split is written as its own dataset folder ``out_dir/<split>/``. Memory
+    stays bounded whatever the size of the store: one shard of pages at a time plus one entry per
+    document group.
     """
     ratios = validate_ratios(ratios or DEFAULT_RATIOS)
-    recorded = None if reassign else load_splits(dataset)
-    previous: dict[str, str] = dict(recorded["assignments"]) if recorded else {}
-    if recorded and recorded.get("ratios") != ratios:
+    recorded = load_splits(dataset)
+    if recorded and not reassign and recorded.get("ratios") != ratios:
         logger.warning("split ratios changed from %s to %s: existing pages keep their split, new pages use the new ratios",
                        recorded.get("ratios"), ratios)
-    unknown_splits = sorted({name for name in previous.values() if name not in ratios})
-    if unknown_splits:
-        raise ValueError(f"{dataset.root / SPLITS_FILE} assigns pages to {unknown_splits}, which the ratios {ratios} lack; "
-                         f"keep those split names or pass reassign=True")
-    pages = dataset.pages()
-    assignments: dict[str, str] = {}
-    new_pages = []
+    # Pass 1, two columns: splits already given, per page and per document group.
     group_split: dict[str, str] = {}
-    for page in pages:  # a group that already has a page keeps using that page's split
-        if page.page_id in previous:
-            group_split.setdefault(group_key(page, group_by), previous[page.page_id])
-    for page in pages:
-        if page.page_id in previous:
-            assignments[page.page_id] = previous[page.page_id]
-            continue
-        key = group_key(page, group_by)
-        split = group_split.get(key) or assign_split(key, ratios, salt)
-        group_split[key] = split
-        assignments[page.page_id] = split
-        new_pages.append(page.page_id)
-    # Pages no longer in the dataset keep their record: if they come back, they come back to the same split.
-    merged = {**previous, **assignments}
-    record = {"method": "sha256(salt, group key) cut by cumulative ratios", "salt": salt, "group_by": group_by,
-              "ratios": ratios, "assignments": dict(sorted(merged.items()))}
-    path = dataset.root / SPLITS_FILE
-    text = json.dumps(record, indent=1, ensure_ascii=False) + "\n"
-    if not path.exists() or path.read_text(encoding="utf-8") != text:
-        atomic_write_text(path, text)
-    result = SplitResult(assignments=assignments, ratios=ratios, new_pages=new_pages)
-    if out_dir is not None:
-        by_id = {page.page_id: page for page in pages}
+    unknown: set[str] = set()
+    if not reassign:
+        for table in dataset.scan(["page_id", "meta"]):
+            for meta_json in table.column("meta").to_pylist():
+                split = json.loads(meta_json).get(SPLIT_KEY) if f'"{SPLIT_KEY}"' in meta_json else None
+                if split is None:
+                    continue
+                if split not in ratios:
+                    unknown.add(split)
+                group = document_group(meta_json, group_by)
+                if group is not None:
+                    group_split.setdefault(group, split)
+    if unknown:
+        raise ValueError(f"pages of {dataset.root} are in splits {sorted(unknown)}, which the ratios {ratios} lack; "
+                         f"keep those split names or pass reassign=True")
+    # Pass 2, shard by shard: assign the pages that have no split yet and write them back.
+    counts = Counter({name: 0 for name in ratios})
+    new_pages = []
+    for shard in dataset.shards():
+        changed = []
+        for page in dataset.shard_pages(shard):
+            split = None if reassign else page.meta.get(SPLIT_KEY)
+            if split is None:
+                group = document_group(page.meta, group_by)
+                split = group_split.get(group) if group is not None else None
+                split = split or assign_split(group if group is not None else f"page:{page.page_id}", ratios, salt)
+                if group is not None:
+                    group_split[group] = split
+                if page.meta.get(SPLIT_KEY) != split:
+                    changed.append(replace(page, meta={**page.meta, SPLIT_KEY: split}))
+                    new_pages.append(page.page_id)
+            counts[split] += 1
+        dataset.upsert(changed, compact=False)  # the shards still to read stay where they are
+    if new_pages:
+        dataset.compact()
+    header = {"method": "sha256(salt, group key) cut by cumulative ratios; each page records its split in "
+                        f"meta[{SPLIT_KEY!r}]", "salt": salt, "group_by": group_by, "ratios": ratios}
+    if recorded != header:
+        atomic_write_text(dataset.root / SPLITS_FILE, json.dumps(header, indent=1) + "\n")
+    result = SplitResult(dataset=dataset, ratios=ratios, split_counts=dict(counts), new_pages=new_pages)
+    if out_dir is not None:  # one streaming pass over the store per split
         for name in ratios:
-            members = [by_id[pid] for pid in sorted(assignments) if assignments[pid] == name]
+            members = (page for page in dataset.iter_pages() if page.meta.get(SPLIT_KEY) == name)
             result.datasets[name] = write_subset(dataset, members, Path(out_dir) / name)
     return result

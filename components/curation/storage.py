@@ -18,7 +18,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from components.data.pages import Page, PageDataset
+from components.data.page_store import PageDataset
+from components.data.pages import Page
 
 logger = logging.getLogger(__name__)
 
@@ -90,22 +91,34 @@ def link_or_copy(source: Path, target: Path) -> None:
 
 
 def write_subset(dataset: PageDataset, pages: Iterable[Page], root: str | os.PathLike) -> PageDataset:
-    """Write ``pages`` of ``dataset`` as their own dataset folder (images linked or copied).
+    """Write ``pages`` of ``dataset`` as their own store (images linked or copied), streaming.
 
     Re-writing a subset keeps the curation state stored on its pages: a ``meta`` key that only
     the subset's copy of a page has (``consistency`` from mining a split, say) survives, while
-    everything the source page has wins. The manifest is replaced atomically.
+    everything the source page has wins. The subset is replaced in one commit; writing the same
+    pages again changes no file.
     """
     subset = PageDataset(root)
     if subset.root.resolve() == dataset.root.resolve():
         raise ValueError(f"a subset must go to another folder than its dataset ({dataset.root})")
-    existing = {page.page_id: page for page in subset.pages()} if subset.exists() else {}
-    written = []
-    for page in pages:
-        link_or_copy(dataset.image_path(page), subset.root / page.image)
-        previous = existing.get(page.page_id)
-        if previous is not None and set(previous.meta) - set(page.meta):
-            page = replace(page, meta={**previous.meta, **page.meta})
-        written.append(page)
-    subset.write(written)
+
+    def merged(chunk: list[Page]) -> Iterator[Page]:
+        existing = subset.get_many(p.page_id for p in chunk)
+        for page in chunk:
+            link_or_copy(dataset.image_path(page), subset.root / page.image)
+            previous = existing.get(page.page_id)
+            if previous is not None and set(previous.meta) - set(page.meta):
+                page = replace(page, meta={**previous.meta, **page.meta})
+            yield page
+
+    def written() -> Iterator[Page]:
+        chunk: list[Page] = []
+        for page in pages:
+            chunk.append(page)
+            if len(chunk) == 512:
+                yield from merged(chunk)
+                chunk = []
+        yield from merged(chunk)
+
+    subset.write(written())
     return subset

@@ -7,7 +7,6 @@ involved); they hold no Prefect code, so tests and notebooks run them directly.
 from __future__ import annotations
 
 import logging
-import zlib
 from dataclasses import dataclass
 
 from components.curation.labelstudio import (
@@ -22,7 +21,7 @@ from components.curation.labelstudio import (
 from components.curation.mining import mine_consistency, write_hard_examples
 from components.curation.preannotate import PreAnnotation, make_preannotator, preannotate_dataset
 from components.curation.splits import make_splits
-from components.data.pages import PageDataset
+from components.data.page_store import PageDataset
 from components.data.synthetic import SyntheticConfig, generate_page
 from components.data.versioning import DataVersion, DataVersioner
 from components.pipeline import PipelineConfig
@@ -40,25 +39,28 @@ class LabelStudioHandle:
 
 def ingest_pages(cfg: PipelineConfig) -> dict:
     """Add the configured synthetic pages (and PDFs / images) to ``data/pages``; existing pages stay."""
-    dataset = PageDataset(cfg.pages_dir)
-    existing = {p.page_id for p in dataset.pages()} if dataset.exists() else set()
+    dataset = PageDataset(cfg.pages_dir, shard_rows=cfg.ingest.shard_rows)
     synthetic = SyntheticConfig.preset(cfg.ingest.synthetic_preset)
-    new_pages = []
-    total = cfg.ingest.synthetic_pages
+    total, first = cfg.ingest.synthetic_pages, cfg.ingest.synthetic_seed
     report_every = max(1, total // 10)
-    for offset in range(total):
-        if offset and offset % report_every == 0:
-            print(f"[ingest] synthetic pages {offset}/{total} ({len(new_pages)} new) -> {cfg.pages_dir}", flush=True)
-        seed = cfg.ingest.synthetic_seed + offset
-        page_id = f"syn-{seed:08d}"
-        if page_id in existing:
-            continue
-        page, image = generate_page(seed, synthetic, page_id=page_id)
-        page.image = dataset.save_image(page_id, image)
-        new_pages.append(page)
-    if new_pages:
-        dataset.upsert(new_pages)
-    report = {"synthetic_added": len(new_pages)}
+    added, pending = 0, []
+    for start in range(0, total, cfg.ingest.shard_rows):  # one id lookup and one upsert per shard's worth
+        seeds = range(first + start, first + min(total, start + cfg.ingest.shard_rows))
+        existing = set(dataset.get_many(f"syn-{seed:08d}" for seed in seeds))
+        for seed in seeds:
+            offset = seed - first
+            if offset and offset % report_every == 0:
+                print(f"[ingest] synthetic pages {offset}/{total} ({added + len(pending)} new) -> {cfg.pages_dir}", flush=True)
+            page_id = f"syn-{seed:08d}"
+            if page_id in existing:
+                continue
+            page, image = generate_page(seed, synthetic, page_id=page_id)
+            page.image = dataset.save_image(page_id, image)
+            pending.append(page)
+        if pending:
+            dataset.upsert(pending)
+            added, pending = added + len(pending), []
+    report = {"synthetic_added": added}
     if cfg.ingest.pdf_dir or cfg.ingest.image_dir:
         from components.data.pdf import import_images, import_pdfs
 
@@ -66,54 +68,56 @@ def ingest_pages(cfg: PipelineConfig) -> dict:
             report["pdf"] = import_pdfs(cfg.ingest.pdf_dir, cfg.pages_dir, on_error="skip").summary()
         if cfg.ingest.image_dir:
             report["images"] = import_images(cfg.ingest.image_dir, cfg.pages_dir, on_error="skip").summary()
-    report["total_pages"] = len(dataset.pages())
+    report["total_pages"] = len(dataset)
     return report
 
 
-def preannotation_shard(page_id: str, shards: int) -> int:
-    """Stable shard of a page (crc32 of its id), so re-runs resume the same shard journals."""
-    return zlib.crc32(page_id.encode()) % shards
+def preannotation_units(cfg: PipelineConfig) -> list[dict]:
+    return PageDataset(cfg.pages_dir).shard_units(cfg.curation.preannotation.max_pages)
 
 
-def _preannotation_targets(cfg: PipelineConfig) -> list[str]:
-    section = cfg.curation.preannotation
-    page_ids = [p.page_id for p in PageDataset(cfg.pages_dir).pages()]
-    return page_ids[: section.max_pages] if section.max_pages else page_ids
-
-
-def preannotate_shard(cfg: PipelineConfig, shard: int) -> dict:
-    """Pre-annotate one shard into its own folder (disjoint writers: safe in parallel tasks)."""
+def preannotate_shard(cfg: PipelineConfig, unit: dict) -> dict:
+    """Pre-annotate one store shard into its own folder (disjoint writers: safe in parallel tasks).
+    Pages that already carry this model version's pre-annotation are skipped; an interrupted run
+    resumes from the folder's journal (named after the shard, which only the merge changes)."""
     section = cfg.curation.preannotation
     annotator = make_preannotator({"backend": section.backend, **section.options})
-    wanted = [pid for pid in _preannotation_targets(cfg) if preannotation_shard(pid, section.shards) == shard]
-    out = PageDataset(cfg.run_dir / "preannotation" / f"shard-{shard}-of-{section.shards}")
-    report = preannotate_dataset(PageDataset(cfg.pages_dir), annotator, out=out, page_ids=wanted)
-    return {"shard": shard, "annotated": len(report.annotated), "skipped": len(report.skipped), "failed": report.failed,
+    dataset = PageDataset(cfg.pages_dir)
+    page_ids = dataset.unit_page_ids(unit)
+    todo = [page.page_id for page in dataset.iter_pages(page_ids=page_ids)
+            if (page.meta.get("preannotation") or {}).get("model_version") != annotator.model_version]
+    out = PageDataset(cfg.run_dir / "preannotation" / unit["shard"].removesuffix(".parquet"))
+    report = preannotate_dataset(dataset, annotator, out=out, page_ids=todo)
+    return {"shard": unit["shard"], "out": str(out.root), "annotated": len(report.annotated),
+            "skipped": len(report.skipped) + len(page_ids) - len(todo), "failed": report.failed,
             "seconds": round(report.seconds, 1), "model_version": annotator.model_version}
 
 
-def merge_preannotations(cfg: PipelineConfig) -> tuple[list[PagePrediction], str]:
-    """Fold every shard's pre-annotations into ``data/pages`` (one writer) and list them for the queue."""
+def merge_preannotations(cfg: PipelineConfig, shard_reports: list[dict]) -> tuple[list[PagePrediction], str]:
+    """Fold every shard's pre-annotations into ``data/pages`` (one writer, one shard at a time) and
+    list them for the queue."""
     section = cfg.curation.preannotation
     model_version = make_preannotator({"backend": section.backend, **section.options}).model_version
-    found: dict[str, dict] = {}
-    for shard in range(section.shards):
-        out = PageDataset(cfg.run_dir / "preannotation" / f"shard-{shard}-of-{section.shards}")
-        if out.exists():
-            for page in out.pages():
-                record = page.meta.get("preannotation")
-                if record and record.get("model_version") == model_version:
-                    found[page.page_id] = record
     dataset = PageDataset(cfg.pages_dir)
-    updated = []
-    for page in dataset.pages():
-        if page.page_id in found and page.meta.get("preannotation") != found[page.page_id]:
-            page.meta["preannotation"] = found[page.page_id]
-            updated.append(page)
-    if updated:
-        dataset.upsert(updated)
-    predictions = [PagePrediction(pid, r["markup"], float(r["confidence"]), tuple(preannotation_elements(r)))
-                   for pid, r in found.items()]
+    predictions = []
+    for shard_report in shard_reports:
+        out = PageDataset(shard_report["out"])
+        if not out.exists():
+            continue
+        found = {}
+        for page in out.iter_pages():
+            record = page.meta.get("preannotation")
+            if record and record.get("model_version") == model_version:
+                found[page.page_id] = record
+        updated = []
+        for page in dataset.get_many(found).values():
+            if page.meta.get("preannotation") != found[page.page_id]:
+                page.meta["preannotation"] = found[page.page_id]
+                updated.append(page)
+        if updated:
+            dataset.upsert(updated)
+        predictions += [PagePrediction(pid, r["markup"], float(r["confidence"]), tuple(preannotation_elements(r)))
+                        for pid, r in found.items()]
     return predictions, model_version
 
 
@@ -166,30 +170,46 @@ def split_pages(cfg: PipelineConfig) -> dict[str, int]:
     return result.counts()
 
 
-def mine_hard_examples(cfg: PipelineConfig, model_dir, model_version: str) -> tuple[dict, list[PagePrediction]]:
-    """C(x) for training pages under the given model; hard ones written to ``data/hard``.
+def mining_units(cfg: PipelineConfig) -> list[dict]:
+    return PageDataset(cfg.split_dir("train")).shard_units(cfg.curation.mining.max_pages)
 
-    Returns a summary and, for the hard pages, the model's greedy markup as the prediction an
-    annotator starts from, with C(x) as its confidence (least consistent first in the queue).
-    """
+
+def mine_shard(cfg: PipelineConfig, model_dir, model_version: str, unit: dict) -> dict:
+    """C(x) for the training pages of one store shard under the given model (its own journal, so
+    shards mine in parallel tasks and each resumes on its own)."""
+    from components.decoding.engine import DecodingEngine
+
+    section = cfg.curation.mining
+    train = PageDataset(cfg.split_dir("train"))
+    report = mine_consistency(
+        DecodingEngine.from_pretrained(model_dir), train, T=section.samples, temperature=section.temperature,
+        tau_train=section.tau_train, kind=section.kind, max_new_tokens=section.max_new_tokens,
+        model_version=model_version, page_ids=train.unit_page_ids(unit),
+        journal_name=f"consistency-{unit['shard'].removesuffix('.parquet')}.journal.jsonl",
+    )
+    return {"shard": unit["shard"], "mined": len(report.mined), "skipped": len(report.skipped), "hard": len(report.hard),
+            "scores": report.scores, "seconds": round(report.seconds, 1)}
+
+
+def collect_hard_examples(cfg: PipelineConfig, model_dir, shard_reports: list[dict]) -> tuple[dict, list[PagePrediction]]:
+    """Write the hard pages to ``data/hard``; returns a summary and, per hard page, the model's
+    greedy markup as the prediction an annotator starts from, with C(x) as its confidence (least
+    consistent first in the queue)."""
     from components.decoding.engine import DecodingEngine
     from components.decoding.types import DecodeParams
 
     section = cfg.curation.mining
+    hard = write_hard_examples(PageDataset(cfg.split_dir("train")), cfg.hard_dir)
     engine = DecodingEngine.from_pretrained(model_dir)
-    train = PageDataset(cfg.split_dir("train"))
-    page_ids = [p.page_id for p in train.pages()][: section.max_pages] if section.max_pages else None
-    report = mine_consistency(
-        engine, train, T=section.samples, temperature=section.temperature, tau_train=section.tau_train,
-        kind=section.kind, max_new_tokens=section.max_new_tokens, model_version=model_version, page_ids=page_ids,
-    )
-    hard = write_hard_examples(train, cfg.hard_dir)
     predictions = []
-    for page in hard.pages():
+    for page in hard.iter_pages():
         [result] = engine.generate([hard.load_image(page)], DecodeParams(max_new_tokens=section.max_new_tokens))
         predictions.append(PagePrediction(page.page_id, result.text, float(page.meta.get("consistency", 0.0))))
-    summary = {"mined": len(report.mined), "skipped": len(report.skipped), "hard": len(report.hard),
-               "mean_consistency": report.mean_consistency, "seconds": round(report.seconds, 1)}
+    scores = [c for report in shard_reports for c in report["scores"].values()]
+    summary = {"shards": len(shard_reports), "mined": sum(r["mined"] for r in shard_reports),
+               "skipped": sum(r["skipped"] for r in shard_reports), "hard": sum(r["hard"] for r in shard_reports),
+               "mean_consistency": sum(scores) / len(scores) if scores else None,
+               "seconds": round(sum(r["seconds"] for r in shard_reports), 1)}
     return summary, predictions
 
 

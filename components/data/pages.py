@@ -1,8 +1,6 @@
-"""Page records and the on-disk dataset layout every stage reads and writes.
+"""Page records (image, ground-truth markup, layout, curation state) and safe image loading.
 
-A dataset is a folder holding ``pages.jsonl`` (one :class:`Page` per line) and ``images/``.
-Writes go through a temporary file and an atomic rename, so a crash mid-write never leaves
-a half-written manifest behind (curation steps rely on that to be resumable).
+Where pages are kept is :mod:`components.data.page_store`.
 """
 
 from __future__ import annotations
@@ -11,7 +9,6 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -19,7 +16,7 @@ from PIL import Image, UnidentifiedImageError
 
 from components.data.markup import ALL_CATEGORIES, BLOCK_CATEGORIES, MarkupBlock, render_markup
 
-MANIFEST_NAME = "pages.jsonl"
+LEGACY_MANIFEST = "pages.jsonl"  # the store before the sharded one (see page_store.migrate_jsonl)
 IMAGES_DIR = "images"
 
 
@@ -145,64 +142,3 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-class PageDataset:
-    """A folder of pages: ``pages.jsonl`` plus ``images/``. Cheap to open; pages load lazily."""
-
-    def __init__(self, root: str | os.PathLike):
-        self.root = Path(root)
-
-    @property
-    def manifest(self) -> Path:
-        return self.root / MANIFEST_NAME
-
-    def exists(self) -> bool:
-        return self.manifest.exists()
-
-    def pages(self) -> list[Page]:
-        if not self.manifest.exists():
-            raise FileNotFoundError(f"no dataset at {self.root} (missing {MANIFEST_NAME})")
-        pages = []
-        for line_no, line in enumerate(self.manifest.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                pages.append(Page.from_json(json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise InvalidPageError(f"{self.manifest}:{line_no} is not valid JSON: {exc}") from exc
-        return pages
-
-    def __iter__(self) -> Iterator[Page]:
-        return iter(self.pages())
-
-    def __len__(self) -> int:
-        return len(self.pages()) if self.exists() else 0
-
-    def image_path(self, page: Page) -> Path:
-        return self.root / page.image
-
-    def load_image(self, page: Page) -> Image.Image:
-        return load_image(self.image_path(page))
-
-    def write(self, pages: Iterable[Page]) -> None:
-        """Replace the manifest with ``pages`` (atomically)."""
-        text = "".join(json.dumps(p.to_json(), ensure_ascii=False) + "\n" for p in pages)
-        atomic_write_text(self.manifest, text)
-
-    def save_image(self, page_id: str, image: Image.Image) -> str:
-        """Store an image as PNG under ``images/`` and return its dataset-relative path."""
-        relative = f"{IMAGES_DIR}/{page_id}.png"
-        target = self.root / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".png.tmp")
-        image.save(tmp, format="PNG")
-        os.replace(tmp, target)
-        return relative
-
-    def upsert(self, pages: Iterable[Page]) -> None:
-        """Insert or replace pages by ``page_id``, keeping order of first appearance."""
-        current = {p.page_id: p for p in self.pages()} if self.exists() else {}
-        for page in pages:
-            current[page.page_id] = page
-        self.write(current.values())

@@ -28,7 +28,8 @@ import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_raw
 from PIL import Image, ImageOps
 
-from components.data.pages import InvalidPageError, Page, PageDataset, load_image, validate_image
+from components.data.pages import InvalidPageError, Page, load_image, validate_image
+from components.data.page_store import PageDataset
 
 PDF_SUFFIXES = (".pdf",)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -183,25 +184,30 @@ class _PendingImport:
 
     def __init__(self, dataset: PageDataset):
         self.dataset = dataset
-        present = dataset.pages() if dataset.exists() else []
-        self.present = {p.page_id for p in present if dataset.image_path(p).exists()}
         self.pages: list[Page] = []
+        self.created: set[str] = set()  # image files this import wrote (content-addressed: others may be shared)
         self.report = ImportReport()
 
     def has(self, page_id: str) -> bool:
-        return page_id in self.present or any(p.page_id == page_id for p in self.pages)
+        if any(p.page_id == page_id for p in self.pages):
+            return True
+        present = self.dataset.get(page_id) if self.dataset.exists() else None
+        return present is not None and self.dataset.image_path(present).exists()
 
     def add(self, page_id: str, image: Image.Image, source: str, meta: dict) -> Page:
-        relative = self.dataset.save_image(page_id, image)
+        relative, created = self.dataset.store_image(image)
+        if created:
+            self.created.add(relative)
         page = Page(page_id=page_id, image=relative, width=image.width, height=image.height, elements=[], source=source, meta=meta)
         self.pages.append(page)
         return page
 
     def discard(self, pages: list[Page]) -> None:
-        """Remove images this import wrote for ``pages`` (files of pages already present are untouched)."""
+        """Remove the image files this import created for ``pages`` (shared or older files stay)."""
         for page in pages:
-            if page.page_id not in self.present:
+            if page.image in self.created:
                 self.dataset.image_path(page).unlink(missing_ok=True)
+                self.created.discard(page.image)
         kept = {id(p) for p in pages}
         self.pages = [p for p in self.pages if id(p) not in kept]
 

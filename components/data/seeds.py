@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from components.data.pages import PageDataset
+from components.data.page_store import PageDataset
 
 
 def merge_ranges(ranges: list[list[int]]) -> list[list[int]]:
@@ -31,7 +31,12 @@ def seed_ranges(seeds: list[int], also: list[list[int]] = ()) -> list[list[int]]
 
 def synthetic_seeds(root: str | Path) -> list[int]:
     """Seeds of a dataset's synthetic pages (``page.meta["seed"]``); other pages have none."""
-    return [int(p.meta["seed"]) for p in PageDataset(root).pages() if p.source == "synthetic" and "seed" in p.meta]
+    seeds = []
+    for table in PageDataset(root).scan(["source", "meta"]):  # two columns, shard by shard
+        for source, meta in zip(table.column("source").to_pylist(), table.column("meta").to_pylist(), strict=True):
+            if source == "synthetic" and '"seed"' in meta:
+                seeds.append(int(json.loads(meta)["seed"]))
+    return seeds
 
 
 def seen_seeds(model_dir: str | Path) -> list[list[int]]:

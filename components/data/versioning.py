@@ -175,6 +175,18 @@ class DataVersioner:
             config["remote"].setdefault(self.remote_name, {})["url"] = url
             config["core"]["remote"] = self.remote_name
         self.remote_dir.mkdir(parents=True, exist_ok=True)
+        self._ignore_derived_files()
+
+    def _ignore_derived_files(self) -> None:
+        """Keep the page stores' derived files (id index, lock, trash) out of every version."""
+        from components.data.page_store import DERIVED_PATTERNS
+
+        path = self.root / ".dvcignore"
+        text = path.read_text(encoding="utf-8") if path.exists() else ""
+        missing = [pattern for pattern in DERIVED_PATTERNS if pattern not in text.splitlines()]
+        if missing:
+            prefix = "" if not text or text.endswith("\n") else "\n"
+            atomic_write_text(path, text + prefix + "# page-store files derived from the shards\n" + "\n".join(missing) + "\n")
 
     def current_version(self) -> DataVersion | None:
         """The version ``<data>.dvc`` records (None before the first commit). Reads files only."""

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from components.data.pages import Page, PageDataset
+from components.data.page_store import PageDataset
+from components.data.pages import Page
 from components.data.seeds import seen_seeds, synthetic_seeds
 from components.decoding.engine import DecodingEngine, decode_stats_summary
 from components.decoding.types import DECODERS, DecodeParams, DecodeResult
@@ -35,6 +36,9 @@ class DecoderEvaluation:
     outputs: dict[str, list[int]] = field(default_factory=dict)  # page_id -> generated token ids
     texts: dict[str, str] = field(default_factory=dict)  # page_id -> decoded markup
     wall_seconds: float = 0.0
+    # Kept so that evaluations of disjoint page sets (store shards) merge exactly: see merge_reports.
+    page_scores: list = field(default_factory=list, repr=False)
+    results: list[DecodeResult] = field(default_factory=list, repr=False)
 
     @property
     def overall(self) -> float:
@@ -68,7 +72,8 @@ class EvaluationReport:
             "n_pages": self.n_pages,
             "baseline": self.baseline,
             "decoders": {
-                name: {k: v for k, v in asdict(ev).items() if k not in ("pages", "outputs", "texts")} | {"overall": ev.overall}
+                name: {k: v for k, v in asdict(ev).items() if k not in ("pages", "outputs", "texts", "page_scores", "results")}
+                | {"overall": ev.overall}
                 for name, ev in self.decoders.items()
             },
             "ratios": self.ratios(),
@@ -159,37 +164,61 @@ def evaluate_decoder(
         results.extend(engine.generate([dataset.load_image(p) for p in chunk], params))
     wall = time.perf_counter() - started
     page_scores = [score_page(r.text, p.markup) for p, r in zip(pages, results, strict=True)]
+    return _decoder_evaluation(params.decoder, asdict(params), [p.page_id for p in pages], page_scores, results, wall)
+
+
+def _decoder_evaluation(name: str, params: dict, page_ids: Sequence[str], page_scores: list,
+                        results: list[DecodeResult], wall: float) -> DecoderEvaluation:
     rows = [
         {
-            "page_id": p.page_id,
+            "page_id": page_id,
             **{k: getattr(s, k) for k in CATEGORY_METRICS},
             "forward_passes": r.stats.forward_passes,
             "new_tokens": r.stats.new_tokens,
             "truncated": r.truncated,
             "mean_confidence": r.stats.mean_confidence,
         }
-        for p, r, s in zip(pages, results, page_scores, strict=True)
+        for page_id, r, s in zip(page_ids, results, page_scores, strict=True)
     ]
     return DecoderEvaluation(
-        name=params.decoder, params=asdict(params), scores=aggregate_scores(page_scores).as_dict(),
+        name=name, params=params, scores=aggregate_scores(page_scores).as_dict(),
         speed=decode_stats_summary(results).as_dict(), pages=rows,
-        outputs={p.page_id: r.token_ids for p, r in zip(pages, results, strict=True)},
-        texts={p.page_id: r.text for p, r in zip(pages, results, strict=True)}, wall_seconds=wall,
+        outputs={page_id: r.token_ids for page_id, r in zip(page_ids, results, strict=True)},
+        texts={page_id: r.text for page_id, r in zip(page_ids, results, strict=True)}, wall_seconds=wall,
+        page_scores=page_scores, results=results,
     )
+
+
+def merge_reports(reports: Sequence[EvaluationReport]) -> EvaluationReport:
+    """One report from reports on disjoint pages (one per store shard): the page-level scores and
+    the per-page speed accounting are pooled, so the result equals one evaluation of all pages."""
+    if not reports:
+        raise ValueError("no evaluation reports to merge")
+    if len(reports) == 1:
+        return reports[0]
+    decoders = {}
+    for name, first in reports[0].decoders.items():
+        parts = [report.decoders[name] for report in reports]
+        decoders[name] = _decoder_evaluation(
+            name, first.params, [row["page_id"] for part in parts for row in part.pages], [s for part in parts for s in part.page_scores],
+            [r for part in parts for r in part.results], sum(part.wall_seconds for part in parts))
+    return EvaluationReport(n_pages=sum(report.n_pages for report in reports), decoders=decoders,
+                            baseline=reports[0].baseline)
 
 
 def evaluate_decoders(
     engine: DecodingEngine, dataset: PageDataset, decoders: Sequence[DecodeParams] | None = None,
-    limit: int | None = None, batch_size: int = 1,
+    limit: int | None = None, batch_size: int = 1, pages: Sequence[Page] | None = None,
 ) -> EvaluationReport:
-    """Run each decoder on the same pages; AR is always included as the baseline."""
+    """Run each decoder on the same pages (``pages``, else the first ``limit`` of the store);
+    AR is always included as the baseline."""
     decoders = list(decoders or [DecodeParams(decoder=name) for name in DECODERS])
     if not any(p.decoder == "ar" for p in decoders):
         decoders.insert(0, DecodeParams(decoder="ar", max_new_tokens=decoders[0].max_new_tokens))
     names = [p.decoder for p in decoders]
     if len(set(names)) != len(names):
         raise ValueError(f"each decoder may appear once per report, got {names}")
-    pages = dataset.pages()[:limit] if limit else dataset.pages()
+    pages = list(pages if pages is not None else dataset.iter_pages(page_ids=dataset.ids(limit=limit)))
     evaluations = {p.decoder: evaluate_decoder(engine, dataset, p, pages, batch_size) for p in decoders}
     return EvaluationReport(n_pages=len(pages), decoders=evaluations)
 

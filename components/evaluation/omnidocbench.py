@@ -79,7 +79,7 @@ _CONTENT_FIELD = {"table": "html", "equation_isolated": "latex"}
 
 def ground_truth_from_pages(pages_dir: Path) -> list[dict]:
     """Our page folder as OmniDocBench.json pages (``layout_dets`` in reading order)."""
-    from components.data.pages import PageDataset
+    from components.data.page_store import PageDataset
 
     out = []
     for page in PageDataset(pages_dir).pages():

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import mlflow
 
-from components.data.pages import PageDataset
+from components.data.page_store import PageDataset
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
 from components.evaluation.evaluate import (
     EvaluationReport,
     assert_held_out,
     evaluate_decoders,
+    merge_reports,
     plot_score_vs_speed,
     write_category_tables,
 )
@@ -44,24 +45,41 @@ def decoder_params(cfg: PipelineConfig) -> list[DecodeParams]:
     ]
 
 
-def evaluate_model(cfg: PipelineConfig, model_dir: Path) -> EvaluationReport:
+def evaluation_units(cfg: PipelineConfig, model_dir: Path) -> list[dict]:
+    """One unit per shard of the evaluation store (the first ``max_pages`` pages), once the store is
+    known to hold no page the model was trained on."""
     dataset = PageDataset(cfg.evaluation_dir)
     assert_held_out(model_dir, dataset)
-    return evaluate_decoders(DecodingEngine.from_pretrained(model_dir), dataset, decoder_params(cfg), limit=cfg.evaluation.max_pages)
+    return dataset.shard_units(cfg.evaluation.max_pages)
+
+
+def evaluate_shard(cfg: PipelineConfig, model_dir: Path, unit: dict) -> EvaluationReport:
+    """Every configured decoder on the pages of one store shard."""
+    dataset = PageDataset(cfg.evaluation_dir)
+    pages = list(dataset.iter_pages(page_ids=dataset.unit_page_ids(unit)))
+    return evaluate_decoders(DecodingEngine.from_pretrained(model_dir), dataset, decoder_params(cfg), pages=pages)
+
+
+def evaluate_model(cfg: PipelineConfig, model_dir: Path, reports: list[EvaluationReport] | None = None) -> EvaluationReport:
+    """One report over every shard (``reports``: the shards of :func:`evaluation_units` already
+    evaluated, e.g. by parallel flow tasks; otherwise they are evaluated here one after another)."""
+    if reports is None:
+        reports = [evaluate_shard(cfg, model_dir, unit) for unit in evaluation_units(cfg, model_dir)]
+    return merge_reports(reports)
 
 
 def sample_page(report: EvaluationReport, dataset: PageDataset) -> dict:
     """One held-out page's ground truth next to every decoder's output (for people to read)."""
-    page = dataset.pages()[0]
+    page = dataset.get(next(iter(report.decoders["ar"].texts)))
     return {"page_id": page.page_id, "ground_truth": page.markup,
             "outputs": {name: ev.texts.get(page.page_id, "") for name, ev in report.decoders.items()}}
 
 
 def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version: dict | None = None,
-                          training: dict | None = None) -> dict:
+                          training: dict | None = None, reports: list[EvaluationReport] | None = None) -> dict:
     """The evaluation flow's body: one MLflow run, one registered version, an alias only if gates pass."""
     registry.configure(experiment=f"{cfg.name}-evaluation")
-    report = evaluate_model(cfg, model_dir)
+    report = evaluate_model(cfg, model_dir, reports)
     params = {"model_dir": str(model_dir), "split": cfg.evaluation.pages_dir or cfg.evaluation.split, "n_pages": report.n_pages,
               **{f"decoder.{p.decoder}": p for p in decoder_params(cfg)}, **{f"train.{k}": v for k, v in (training or {}).items()}}
     tags = {f"data.{k}": str(v) for k, v in (data_version or {}).items()}

@@ -10,7 +10,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from components.data.pages import InvalidPageError, PageDataset
+from components.data.page_store import PageDataset
+from components.data.pages import InvalidPageError
 from components.tokenizer import train_markup_tokenizer
 from models.loading import new_tiny_model, save_markup_model
 
@@ -26,8 +27,8 @@ def bootstrap_model(
     for root in roots:
         dataset = PageDataset(root)
         if not dataset.exists():
-            raise FileNotFoundError(f"cannot bootstrap from {root}: no pages.jsonl there")
-        texts += [page.markup for page in dataset.pages() if page.markup.strip()]
+            raise FileNotFoundError(f"cannot bootstrap from {root}: no page store there")
+        texts += [page.markup for page in dataset.iter_pages() if page.markup.strip()]
     if not texts:
         raise InvalidPageError(f"cannot bootstrap: no page with markup in {[str(r) for r in roots]}")
     tokenizer = train_markup_tokenizer(texts, vocab_size=vocab_size, min_frequency=min_frequency)

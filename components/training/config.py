@@ -45,9 +45,20 @@ class BootstrapSection(_Strict):
     architecture: Literal["tiny", "base"] = "tiny"  # models.docvlm.tiny_config / base_config
 
 
+class LoraSection(_Strict):
+    """Train LoRA adapters instead of all weights; the saved folder holds the merged weights."""
+
+    r: int = Field(16, ge=1)
+    alpha: float = Field(32.0, gt=0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | None = None  # default: the decoder's attention and MLP projections
+    trainable: list[str] = Field(default_factory=list)  # also train parameters whose name contains these
+
+
 class ModelSection(_Strict):
     init_from: str | None = None  # a model folder (save_markup_model layout)
     bootstrap: BootstrapSection | None = None
+    lora: LoraSection | None = None
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> ModelSection:
@@ -62,6 +73,7 @@ class DataSection(_Strict):
     hard_ratio: float = Field(0.0, ge=0.0, le=1.0)  # fraction of each batch drawn from hard_examples
     consistency_beta: float = Field(0.0, ge=0.0)  # per-sample weight 1 + beta * (1 - C(x))
     max_tokens: int = Field(256, ge=8)  # <bos> + markup + <eos>, truncated beyond
+    workers: int = Field(0, ge=0)  # DataLoader processes decoding and preprocessing pages ahead of the step
     version: str | None = None  # data version (e.g. a DVC revision), recorded in training_meta.json and MLflow
 
     @model_validator(mode="after")

@@ -12,9 +12,14 @@ Per-sample weights for Stage 2 come from ``page.meta["consistency"]`` (C(x) from
 
 from __future__ import annotations
 
+import bisect
+import fcntl
 import hashlib
+import json
 import math
-from collections.abc import Callable
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +28,8 @@ import torch
 from PIL import Image
 from transformers import PreTrainedTokenizerFast
 
-from components.data.pages import InvalidPageError, PageDataset, load_image
+from components.data.page_store import PageDataset, ShardInfo
+from components.data.pages import InvalidPageError, load_image
 from components.training.objectives import consistency_weights
 
 
@@ -67,73 +73,186 @@ def encode_markup(tokenizer: PreTrainedTokenizerFast, markup: str, max_tokens: i
     return ids[:max_tokens], False
 
 
-def load_examples(root: str | Path, tokenizer: PreTrainedTokenizerFast, max_tokens: int) -> list[Example]:
-    """Tokenize every page of a dataset folder; bad records fail here, before training starts."""
-    dataset = PageDataset(root)
-    if not dataset.exists():
-        raise FileNotFoundError(f"training dataset {dataset.root} has no pages.jsonl; create or pull it first")
-    examples = []
-    for page in dataset.pages():
-        markup = page.markup
-        if not markup.strip():
-            raise InvalidPageError(f"page {page.page_id} in {dataset.root} has empty markup; curation should drop it")
-        consistency = page.meta.get("consistency")
-        if consistency is not None:
-            consistency = float(consistency)
-            if not 0.0 <= consistency <= 1.0:
-                raise InvalidPageError(f"page {page.page_id} has consistency {consistency}; expected a value in [0, 1]")
-        ids, finished = encode_markup(tokenizer, markup, max_tokens)
-        examples.append(Example(page.page_id, dataset.image_path(page), tuple(ids), finished, consistency))
-    if not examples:
-        raise InvalidPageError(f"training dataset {dataset.root} holds no pages")
+TOKEN_CACHE_DIR = ".token-cache"  # inside the page store; never versioned (see page_store.DERIVED_PATTERNS)
+
+
+class ShardedExamples(Sequence[Example]):
+    """The examples of a page store, tokenised once per shard and cached next to the store.
+
+    A sequence over the live pages of the shards as they were when it was opened (example ``i``
+    is row ``i - offset`` of the shard it falls in). Only a few shards' token ids are held in
+    memory at once, so a rank's memory does not grow with the corpus; the cache file of a shard
+    is written by whichever process needs it first (under a lock) and read by every other rank,
+    DataLoader worker and later stage. Bad records (empty markup, C(x) outside [0, 1]) fail in
+    :meth:`prepare`, before training starts.
+    """
+
+    def __init__(self, root: str | Path, tokenizer: PreTrainedTokenizerFast, max_tokens: int, shards_in_memory: int = 3):
+        self.store = PageDataset(root)
+        if not self.store.exists():
+            raise FileNotFoundError(f"training dataset {self.store.root} has no page store; create or pull it first")
+        self.shards = [s for s in self.store.shards() if s.live]
+        self.offsets = np.cumsum([0, *(s.live for s in self.shards)]).tolist()
+        if not self.offsets[-1]:
+            raise InvalidPageError(f"training dataset {self.store.root} holds no pages")
+        self.tokenizer, self.max_tokens = tokenizer, max_tokens
+        vocab = json.dumps(tokenizer.get_vocab(), sort_keys=True) + f"|{tokenizer.bos_token_id}|{tokenizer.eos_token_id}|{max_tokens}"
+        self.cache_key = hashlib.sha256(vocab.encode()).hexdigest()[:16]
+        self._loaded: OrderedDict[int, dict] = OrderedDict()
+        self._in_memory = shards_in_memory
+
+    def __len__(self) -> int:
+        return self.offsets[-1]
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        return [s.live for s in self.shards]
+
+    def _cache_path(self, shard: ShardInfo) -> Path:
+        return self.store.root / TOKEN_CACHE_DIR / f"{shard.name.removesuffix('.parquet')}-{self.cache_key}.npz"
+
+    def _tokenise(self, shard: ShardInfo) -> dict:
+        pages = self.store.shard_pages(shard)
+        ids, lengths, finished, consistency = [], [], [], []
+        for page in pages:
+            markup = page.markup
+            if not markup.strip():
+                raise InvalidPageError(f"page {page.page_id} in {self.store.root} has empty markup; curation should drop it")
+            value = page.meta.get("consistency")
+            if value is not None and not 0.0 <= float(value) <= 1.0:
+                raise InvalidPageError(f"page {page.page_id} has consistency {value}; expected a value in [0, 1]")
+            tokens, ok = encode_markup(self.tokenizer, markup, self.max_tokens)
+            ids += tokens
+            lengths.append(len(tokens))
+            finished.append(ok)
+            consistency.append(math.nan if value is None else float(value))
+        return {"page_ids": np.array([p.page_id for p in pages]), "images": np.array([p.image for p in pages]),
+                "ids": np.array(ids, dtype=np.int32), "offsets": np.cumsum([0, *lengths]).astype(np.int64),
+                "ends_with_eos": np.array(finished, dtype=bool), "consistency": np.array(consistency, dtype=np.float64)}
+
+    def _load(self, index: int) -> dict:
+        if index in self._loaded:
+            self._loaded.move_to_end(index)
+            return self._loaded[index]
+        shard = self.shards[index]
+        path = self._cache_path(shard)
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path.with_suffix(".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not path.exists():  # another rank may have written it while this one waited
+                    arrays = self._tokenise(shard)
+                    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                    with open(tmp, "wb") as handle:
+                        np.savez(handle, **arrays)
+                    os.replace(tmp, path)
+        with np.load(path, allow_pickle=False) as cached:
+            arrays = {key: cached[key] for key in cached.files}
+        self._loaded[index] = arrays
+        while len(self._loaded) > self._in_memory:
+            self._loaded.popitem(last=False)
+        return arrays
+
+    def prepare(self) -> dict[str, float]:
+        """Tokenise (or read) every shard once, validating every record; returns token statistics."""
+        count = total = longest = truncated = 0
+        for index in range(len(self.shards)):
+            arrays = self._load(index)
+            lengths = np.diff(arrays["offsets"])
+            count, total = count + len(lengths), total + int(lengths.sum())
+            longest = max(longest, int(lengths.max(initial=0)))
+            truncated += int((~arrays["ends_with_eos"]).sum())
+        return {"n_examples": count, "mean_tokens": total / max(count, 1), "max_tokens": longest, "truncated": truncated}
+
+    def __getitem__(self, position: int) -> Example:  # type: ignore[override]
+        if not 0 <= position < len(self):
+            raise IndexError(position)
+        index = bisect.bisect_right(self.offsets, position) - 1
+        row = position - self.offsets[index]
+        arrays = self._load(index)
+        start, stop = int(arrays["offsets"][row]), int(arrays["offsets"][row + 1])
+        consistency = float(arrays["consistency"][row])
+        return Example(str(arrays["page_ids"][row]), self.store.root / str(arrays["images"][row]),
+                       tuple(int(t) for t in arrays["ids"][start:stop]), bool(arrays["ends_with_eos"][row]),
+                       None if math.isnan(consistency) else consistency)
+
+
+def load_examples(root: str | Path, tokenizer: PreTrainedTokenizerFast, max_tokens: int) -> ShardedExamples:
+    """The store's examples, every shard tokenised (or read from its cache) and validated now."""
+    examples = ShardedExamples(root, tokenizer, max_tokens)
+    examples.prepare()
     return examples
 
 
 def dataset_fingerprint(root: str | Path) -> dict[str, str | int]:
-    """Which data a model was trained on: folder, sha256 of pages.jsonl, page count."""
-    manifest = PageDataset(root).manifest
-    content = manifest.read_bytes()
-    return {
-        "path": str(Path(root).resolve()),
-        "pages_sha256": hashlib.sha256(content).hexdigest(),
-        "n_pages": sum(1 for line in content.splitlines() if line.strip()),
-    }
+    """Which data a model was trained on: folder, the store's content fingerprint, page count."""
+    dataset = PageDataset(root)
+    return {"path": str(Path(root).resolve()), "pages_sha256": dataset.fingerprint(), "n_pages": len(dataset)}
 
 
 class _EpochStream:
-    """Position p of an endless stream = permutation(seed, source, epoch = p // n)[p % n]."""
+    """Position p of an endless stream of example indices, shuffled in blocks of shards.
 
-    def __init__(self, size: int, seed: int, source_id: int):
-        self.size = size
-        self.seed = seed
-        self.source_id = source_id
-        self._cache: dict[int, np.ndarray] = {}
+    Epoch e visits the shards in a seeded order, ``mix`` shards at a time; the rows of those
+    shards are shuffled together. So the stream reads a few shards at a time (bounded memory,
+    sequential reads) and still mixes pages across shards; with one shard it is a plain
+    per-epoch permutation. A pure function of (seed, source, position): resuming needs no state.
+    """
 
-    def _permutation(self, epoch: int) -> np.ndarray:
-        if epoch not in self._cache:
-            if len(self._cache) > 4:
-                self._cache.clear()
-            self._cache[epoch] = np.random.default_rng([self.seed, self.source_id, epoch]).permutation(self.size)
-        return self._cache[epoch]
+    def __init__(self, sizes: Sequence[int] | int, seed: int, source_id: int, mix: int = 4):
+        self.sizes = [sizes] if isinstance(sizes, int) else list(sizes)
+        self.size = sum(self.sizes)
+        self.offsets = np.cumsum([0, *self.sizes])
+        self.seed, self.source_id, self.mix = seed, source_id, mix
+        self._blocks: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self._orders: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+    def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch's shard order and the cumulative sizes of its blocks of ``mix`` shards."""
+        if epoch not in self._orders:
+            order = np.random.default_rng([self.seed, self.source_id, epoch]).permutation(len(self.sizes))
+            block_sizes = [sum(self.sizes[i] for i in order[b : b + self.mix]) for b in range(0, len(order), self.mix)]
+            self._orders[epoch] = (order, np.cumsum([0, *block_sizes]))
+            while len(self._orders) > 2:
+                self._orders.popitem(last=False)
+        return self._orders[epoch]
+
+    def _block(self, epoch: int, block: int) -> np.ndarray:
+        """Example indices of one block of shards, shuffled."""
+        key = (epoch, block)
+        if key not in self._blocks:
+            order, _ = self._order(epoch)
+            members = order[block * self.mix : (block + 1) * self.mix]
+            rows = np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in members])
+            self._blocks[key] = rows[np.random.default_rng([self.seed, self.source_id, epoch, 1 + block]).permutation(len(rows))]
+            while len(self._blocks) > 4:
+                self._blocks.popitem(last=False)
+        return self._blocks[key]
 
     def __getitem__(self, position: int) -> int:
-        return int(self._permutation(position // self.size)[position % self.size])
+        epoch, offset = divmod(position, self.size)
+        _, block_offsets = self._order(epoch)
+        block = int(np.searchsorted(block_offsets, offset, side="right")) - 1
+        return int(self._block(epoch, block)[offset - block_offsets[block]])
 
 
 class BatchPlan:
     """Which examples form each micro-batch of each rank at each step."""
 
     def __init__(
-        self, n_base: int, n_hard: int, hard_ratio: float, seed: int, micro_batch: int, grad_accum: int, world_size: int
+        self, n_base: Sequence[int] | int, n_hard: Sequence[int] | int, hard_ratio: float, seed: int, micro_batch: int,
+        grad_accum: int, world_size: int,
     ):
+        """``n_base``/``n_hard``: example counts, or per-shard counts to shuffle in blocks of shards."""
         self.global_batch = micro_batch * grad_accum * world_size
         self.micro_batch, self.grad_accum, self.world_size = micro_batch, grad_accum, world_size
         self.seed = seed
-        self.n_hard_per_batch = round(hard_ratio * self.global_batch) if n_hard else 0
+        n_hard_total = n_hard if isinstance(n_hard, int) else sum(n_hard)
+        self.n_hard_per_batch = round(hard_ratio * self.global_batch) if n_hard_total else 0
         if hard_ratio > 0 and self.n_hard_per_batch == 0:
             raise ValueError(f"hard_ratio {hard_ratio} gives no hard page in a global batch of {self.global_batch}")
         self.base = _EpochStream(n_base, seed, 0)
-        self.hard = _EpochStream(n_hard, seed, 1) if n_hard else None
+        self.hard = _EpochStream(n_hard, seed, 1) if n_hard_total else None
 
     def global_indices(self, step: int) -> list[tuple[str, int]]:
         """(source, index) for every sample of the step's global batch, in a seeded shuffle."""
@@ -154,19 +273,28 @@ class BatchPlan:
         return step * n_base / self.base.size
 
 
+def token_statistics(examples: Sequence[Example]) -> dict[str, float]:
+    """Counts and lengths of a list of examples (a :class:`ShardedExamples` reads its shards' caches)."""
+    if isinstance(examples, ShardedExamples):
+        return examples.prepare()
+    lengths = [len(e.token_ids) for e in examples]
+    return {"n_examples": len(lengths), "mean_tokens": float(np.mean(lengths)) if lengths else 0.0,
+            "max_tokens": max(lengths, default=0), "truncated": sum(not e.ends_with_eos for e in examples)}
+
+
 class TrainingData:
     """The examples of a run plus the plan that batches them."""
 
     def __init__(
         self,
-        base: list[Example],
-        hard: list[Example] | None,
+        base: Sequence[Example],
+        hard: Sequence[Example] | None,
         plan: BatchPlan,
         pad_id: int,
         consistency_beta: float,
         preprocess: Callable[[list[Image.Image]], torch.Tensor],
     ):
-        self.sources = {"base": base, "hard": hard or []}
+        self.sources: dict[str, Sequence[Example]] = {"base": base, "hard": hard or []}
         self.plan = plan
         self.pad_id = pad_id
         self.beta = consistency_beta
@@ -176,14 +304,42 @@ class TrainingData:
         picked = [self.sources[source][index] for source, index in self.plan.micro_indices(step, micro, rank)]
         return collate(picked, self.pad_id, self.beta, self.preprocess)
 
+    def batches(self, start_step: int, stop_step: int, rank: int, workers: int = 0) -> Iterator[Batch]:
+        """The rank's micro-batches of steps ``[start_step, stop_step)`` in order. With ``workers``,
+        DataLoader worker processes read the token caches, decode and preprocess the images ahead
+        of the training loop (``preprocess`` must then work on CPU tensors)."""
+        from torch.utils.data import DataLoader
+
+        accum = self.plan.grad_accum
+        items = _MicroBatches(self, rank, start_step * accum)
+        loader = DataLoader(items, batch_size=None, shuffle=False, num_workers=workers, collate_fn=_identity,
+                            prefetch_factor=2 if workers else None, persistent_workers=False)
+        for _, batch in zip(range((stop_step - start_step) * accum), loader, strict=False):
+            yield batch
+
     def token_statistics(self) -> dict[str, float]:
-        lengths = [len(e.token_ids) for e in self.sources["base"] + self.sources["hard"]]
-        return {
-            "n_examples": len(lengths),
-            "mean_tokens": float(np.mean(lengths)),
-            "max_tokens": max(lengths),
-            "truncated": sum(not e.ends_with_eos for e in self.sources["base"] + self.sources["hard"]),
-        }
+        parts = [token_statistics(source) for source in self.sources.values() if len(source)]
+        count = sum(p["n_examples"] for p in parts)
+        return {"n_examples": count, "mean_tokens": sum(p["mean_tokens"] * p["n_examples"] for p in parts) / max(count, 1),
+                "max_tokens": max(p["max_tokens"] for p in parts), "truncated": sum(p["truncated"] for p in parts)}
+
+
+def _identity(batch: Batch) -> Batch:
+    return batch
+
+
+class _MicroBatches(torch.utils.data.Dataset):
+    """Micro-batch ``k`` of a rank, counted from ``first`` (k = step * grad_accum + micro)."""
+
+    def __init__(self, data: TrainingData, rank: int, first: int):
+        self.data, self.rank, self.first = data, rank, first
+
+    def __len__(self) -> int:
+        return 1 << 40  # endless: the caller stops at its last step
+
+    def __getitem__(self, k: int) -> Batch:
+        step, micro = divmod(self.first + k, self.data.plan.grad_accum)
+        return self.data.batch(step, micro, self.rank)
 
 
 def collate(

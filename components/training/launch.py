@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from components.data.page_store import PageDataset
 from components.training.config import TrainConfigError, load_train_config
 
 EXIT_INTERRUPTED = 3
@@ -29,6 +30,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="stop (with a checkpoint) after this step, as if interrupted")
     parser.add_argument("--rank-report", default=None, metavar="DIR",
                         help="every rank writes DIR/rank<N>.json (its losses and weight checksum)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the model's parameter count and DeepSpeed's per-GPU memory estimate; train nothing")
+    parser.add_argument("--gpus-per-node", type=int, default=1, help="GPUs per node for --dry-run (default 1)")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes for --dry-run (default 1)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -40,10 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     except TrainConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    if args.dry_run:
+        return dry_run(config, args.gpus_per_node, args.nodes)
     missing = [path for path in (config.data.dataset, config.data.hard_examples)
-               if path is not None and not (config.path(path) / "pages.jsonl").is_file()]
+               if path is not None and not PageDataset(config.path(path)).exists()]
     if missing:
-        print(f"training data not found: {', '.join(str(config.path(p)) for p in missing)} (no pages.jsonl); "
+        print(f"training data not found: {', '.join(str(config.path(p)) for p in missing)} (no page store); "
               "create or pull the dataset first, or point data.dataset elsewhere with --set", file=sys.stderr)
         return 2
 
@@ -79,6 +86,24 @@ def main(argv: list[str] | None = None) -> int:
     if dist.is_initialized():
         dist.destroy_process_group()
     return EXIT_INTERRUPTED if result.interrupted else 0
+
+
+def dry_run(config, gpus_per_node: int, nodes: int) -> int:
+    """Parameter count and memory estimate of the configured model and ZeRO stage (config only)."""
+    from components.training.memory import estimate
+
+    if config.model.init_from is None:
+        print("--dry-run needs model.init_from (a model folder with config.json)", file=sys.stderr)
+        return 2
+    ds_config = json.loads(config.path(config.deepspeed).read_text())
+    stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
+    try:
+        result = estimate(config.path(config.model.init_from), stage, gpus_per_node, nodes)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"dry run: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join([f"[dry run] {config.name}: {config.deepspeed}", *(f"[dry run] {line}" for line in result.lines())]))
+    return 0
 
 
 if __name__ == "__main__":

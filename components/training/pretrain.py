@@ -24,7 +24,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from components.data.pages import Page, PageDataset, atomic_write_text
+from components.data.page_store import PageDataset
+from components.data.pages import Page, atomic_write_text
 from components.training.config import PROJECT_ROOT, TrainConfigError, load_train_config
 
 # Seed ranges: the demo and tests draw pages from small seeds; pretraining from 10M up; held-out
@@ -116,7 +117,7 @@ def curve_point(train_dir: Path, step: int, held_out_dir: Path, n_pages: int, ma
     model, tokenizer = model_at_checkpoint(train_dir, step)
     dataset = PageDataset(held_out_dir)
     ev = evaluate_decoder(DecodingEngine(model, tokenizer), dataset, DecodeParams(decoder="ar", max_new_tokens=max_new_tokens),
-                          dataset.pages()[:n_pages])
+                          list(dataset.iter_pages(page_ids=dataset.ids(limit=n_pages))))
     history = [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     losses = [h["loss"] for h in history if step - 50 < h["step"] <= step]
     return {"step": step, "overall": ev.overall, "loss": sum(losses) / max(1, len(losses)),

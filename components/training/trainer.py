@@ -166,6 +166,13 @@ def _load_model(config: TrainConfig, output_dir: Path, rank: int):
                             seed=config.seed, architecture=config.model.bootstrap.architecture)
         _barrier()
     model, tokenizer = load_markup_model(source)
+    if config.model.lora is not None:
+        from components.training.lora import apply_lora
+
+        lora = config.model.lora
+        counts = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.trainable)
+        if rank == 0:
+            print(f"[train] LoRA r={lora.r}: {counts['trainable']:,} of {counts['parameters']:,} parameters train")
     return model.train(), tokenizer, source
 
 
@@ -182,9 +189,11 @@ def save_model_folder(engine, tokenizer, target: Path, meta: dict[str, Any], ran
         gather.__enter__()
     try:
         if rank == 0:
+            from components.training.lora import has_lora, merged_state_dict
+
             staging = target.with_name(target.name + ".partial")
             shutil.rmtree(staging, ignore_errors=True)
-            save_markup_model(model, tokenizer, staging)
+            save_markup_model(model, tokenizer, staging, state_dict=merged_state_dict(model) if has_lora(model) else None)
             (staging / TRAINING_META).write_text(json.dumps(meta, indent=2, default=str))
             old = target.with_name(target.name + ".old")
             if target.exists():
@@ -220,8 +229,8 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
     base = load_examples(config.path(config.data.dataset), tokenizer, config.data.max_tokens)
     hard = (load_examples(config.path(config.data.hard_examples), tokenizer, config.data.max_tokens)
             if config.data.hard_examples else None)
-    plan = BatchPlan(len(base), len(hard or []), config.data.hard_ratio, config.seed, config.train.micro_batch_size,
-                     config.train.grad_accum, world_size)
+    plan = BatchPlan(base.shard_sizes, hard.shard_sizes if hard else 0, config.data.hard_ratio, config.seed,
+                     config.train.micro_batch_size, config.train.grad_accum, world_size)
 
     ds_config = runtime.resolve_deepspeed_config(config)
     mix = ObjectiveMix(model, config)
@@ -231,7 +240,14 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
     )
     device = engine.device
     zero_stage = engine.zero_optimization_stage()
-    data = TrainingData(base, hard, plan, tokenizer.pad_token_id, config.data.consistency_beta, engine.module.model.preprocess)
+    page_model = engine.module.model
+    # DataLoader workers need a preprocessor that stays on CPU (the batch moves to the device here).
+    preprocess = page_model.cpu_preprocessor() if config.data.workers and hasattr(page_model, "cpu_preprocessor") \
+        else page_model.preprocess
+    if config.data.workers and preprocess == page_model.preprocess:
+        raise ValueError(f"data.workers={config.data.workers} needs a model with cpu_preprocessor(); "
+                         f"{type(page_model).__name__} has none (set data.workers: 0)")
+    data = TrainingData(base, hard, plan, tokenizer.pad_token_id, config.data.consistency_beta, preprocess)
 
     start_step = 0
     found = latest_checkpoint(output_dir) if config.train.resume else None
@@ -272,13 +288,14 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
 
         progress = tqdm(total=total, initial=start_step, desc=config.name, unit="step", dynamic_ncols=True)
     train_started = time.time()
+    batches = data.batches(start_step, last_step, rank, workers=config.data.workers)
     with _StopRequest() as stop_request:
         for step in range(start_step, last_step):
             step_started = time.time()
             lr = float(engine.get_lr()[0])
             sums: dict[str, float] = {}
             for micro in range(config.train.grad_accum):
-                batch = data.batch(step, micro, rank).to(device)
+                batch = next(batches).to(device, engine.module.model.dtype if config.data.workers else None)
                 generator = torch.Generator().manual_seed(step_seed(config.seed, step, micro, rank))
                 loss, metrics = engine(batch, generator)
                 engine.backward(loss)

@@ -1,0 +1,680 @@
+"""The page store: page records in immutable Parquet shards, images addressed by content.
+
+Why this layout: a corpus of millions of pages cannot live in one JSON-lines manifest that every
+step parses whole and every change rewrites whole. Here a write only ever *adds* files:
+
+``<root>/pages/part-<seq>-<token>.parquet``
+    Immutable shards of at most ``shard_rows`` records (zstd Parquet, row groups of 1,024). An
+    upsert writes the new versions of its pages into a new shard; an older shard that held a
+    page now has a dead row. Newer shards win. Columns are read selectively, so a scan of ids or
+    of hard pages never decodes markup.
+``<root>/pages/_index.json``
+    The commit point: the live shards in order, their row and dead-row counts, the next sequence
+    number and the next first-appearance ordinal. Replaced atomically last, so a process killed
+    mid-upsert leaves the previous version intact; a shard file it had written but not committed
+    is invisible and deleted by the next writer.
+``<root>/pages/.id-index.sqlite``
+    A derived page id -> (shard, row, ordinal) index for lookups and for finding dead rows. It
+    records the index generation it reflects and is rebuilt from the shards whenever that differs
+    (after a crash, a ``dvc checkout``, or a copy), so it is never versioned.
+``<root>/images/<ab>/<sha256>.png``
+    Content-addressed: re-rendering the same page or linking it into a split stores no new bytes.
+
+Parquet through ``pyarrow`` rather than Lance: the shards are plain files that DVC hashes and
+pushes one by one (adding 1,000 pages adds one file), every tool in the stack reads them
+(pandas, DuckDB, Spark, datasets), and pyarrow is already installed by MLflow.
+
+Small shards left by small upserts are merged (a run of them at the tail) and a shard whose rows
+are mostly dead is rewritten, so the number of files and the dead weight stay bounded while each
+write's cost stays bounded by ``shard_rows``, whatever the size of the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import io
+import json
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from PIL import Image
+
+from components.data.pages import IMAGES_DIR, LEGACY_MANIFEST, InvalidPageError, LayoutElement, Page, atomic_write_text, load_image
+
+SHARDS_DIR = "pages"
+INDEX_NAME = "_index.json"
+ID_INDEX_NAME = ".id-index.sqlite"
+LOCK_NAME = ".lock"
+TRASH_DIR = ".trash"
+# Never versioned (DVC ignore patterns): derived from the shards or transient.
+DERIVED_PATTERNS = (f"{ID_INDEX_NAME}*", LOCK_NAME, f"{TRASH_DIR}/", ".*.tmp", ".token-cache/")
+TRASH_SECONDS = 24 * 3600  # a scan reading an older snapshot finds replaced shards here that long
+DEFAULT_SHARD_ROWS = 10_000
+ROW_GROUP_ROWS = 1_024
+FORMAT_VERSION = 1
+
+SCHEMA = pa.schema([
+    ("page_id", pa.string()),
+    ("ord", pa.int64()),  # order of first appearance: pages() lists pages in it
+    ("image", pa.string()),
+    ("width", pa.int32()),
+    ("height", pa.int32()),
+    ("source", pa.string()),
+    ("elements", pa.string()),  # JSON list of {category, bbox, content}
+    ("meta", pa.string()),  # JSON object
+    ("markup_override", pa.string()),
+    # Curation state promoted out of ``meta`` so that filtered scans read one small column.
+    ("hard", pa.bool_()),
+    ("consistency", pa.float64()),
+    ("preannotated", pa.bool_()),
+    ("confidence", pa.float64()),  # the pre-annotation's page confidence
+])
+RECORD_COLUMNS = ["page_id", "ord", "image", "width", "height", "source", "elements", "meta", "markup_override"]
+
+# Filters for :meth:`PageDataset.scan` / :meth:`PageDataset.iter_pages`.
+HARD = pc.field("hard")
+NOT_PREANNOTATED = ~pc.field("preannotated")
+
+_THREAD_LOCKS: dict[Path, threading.Lock] = {}
+_THREAD_LOCKS_GUARD = threading.Lock()
+_HELD = threading.local()  # stores whose writer lock this thread holds
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    name: str
+    seq: int
+    rows: int
+    dead: int = 0
+
+    @property
+    def live(self) -> int:
+        return self.rows - self.dead
+
+
+def _page_columns(pages: list[Page], ords: list[int]) -> pa.Table:
+    """Page records as one Arrow table in :data:`SCHEMA`."""
+    metas = [page.meta for page in pages]
+    preannotations = [meta.get("preannotation") if isinstance(meta.get("preannotation"), dict) else None
+                      for meta in metas]
+
+    def number(value) -> float | None:
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    columns = {
+        "page_id": [page.page_id for page in pages],
+        "ord": ords,
+        "image": [page.image for page in pages],
+        "width": [page.width for page in pages],
+        "height": [page.height for page in pages],
+        "source": [page.source for page in pages],
+        "elements": [json.dumps([{"category": e.category, "bbox": list(e.bbox), "content": e.content}
+                                 for e in page.elements], ensure_ascii=False) for page in pages],
+        "meta": [json.dumps(meta, ensure_ascii=False) for meta in metas],
+        "markup_override": [page.markup_override for page in pages],
+        "hard": [bool(meta.get("hard")) for meta in metas],
+        "consistency": [number(meta.get("consistency")) for meta in metas],
+        "preannotated": [record is not None for record in preannotations],
+        "confidence": [number(record.get("confidence")) if record else None for record in preannotations],
+    }
+    return pa.table(columns, schema=SCHEMA)
+
+
+def pages_from_table(table: pa.Table) -> list[Page]:
+    """Arrow rows (at least :data:`RECORD_COLUMNS`) back into :class:`Page` objects."""
+    rows = table.select(RECORD_COLUMNS).to_pylist()
+    pages = []
+    for row in rows:
+        try:
+            elements = [LayoutElement(e["category"], tuple(e["bbox"]), e.get("content", ""))
+                        for e in json.loads(row["elements"])]
+            pages.append(Page(page_id=row["page_id"], image=row["image"], width=row["width"], height=row["height"],
+                              elements=elements, source=row["source"], meta=json.loads(row["meta"]),
+                              markup_override=row["markup_override"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidPageError(f"malformed page record {row.get('page_id', '?')!r}: {exc}") from exc
+    return pages
+
+
+class PageDataset:
+    """A page store folder (see the module docstring). Cheap to open; nothing is read until asked."""
+
+    def __init__(self, root: str | os.PathLike, *, shard_rows: int | None = None):
+        """``shard_rows`` applies when this call creates the store; an existing store keeps its own."""
+        if shard_rows is not None and shard_rows < 1:
+            raise ValueError(f"shard_rows must be positive, got {shard_rows}")
+        self.root = Path(root)
+        self._new_shard_rows = shard_rows or DEFAULT_SHARD_ROWS
+
+    @property
+    def shard_rows(self) -> int:
+        return int(self._read_index().get("shard_rows", self._new_shard_rows))
+
+    # ----- layout ----------------------------------------------------------------------------
+    @property
+    def shards_dir(self) -> Path:
+        return self.root / SHARDS_DIR
+
+    @property
+    def index_path(self) -> Path:
+        return self.shards_dir / INDEX_NAME
+
+    def exists(self) -> bool:
+        return self.index_path.exists()
+
+    def _require(self) -> dict:
+        if not self.exists():
+            hint = (f"; it holds a legacy {LEGACY_MANIFEST}: convert it with "
+                    f"`python -m components.data.page_store migrate {self.root}`"
+                    if (self.root / LEGACY_MANIFEST).exists() else "")
+            raise FileNotFoundError(f"no page store at {self.root} (missing {SHARDS_DIR}/{INDEX_NAME}){hint}")
+        return self._read_index()
+
+    def _read_index(self) -> dict:
+        """The committed index (``shard_rows`` filled in for stores made before it was recorded)."""
+        if not self.index_path.exists():
+            return {"format": FORMAT_VERSION, "generation": 0, "next_seq": 0, "next_ord": 0,
+                    "shard_rows": self._new_shard_rows, "shards": []}
+        index = json.loads(self.index_path.read_text(encoding="utf-8"))
+        if index.get("format") != FORMAT_VERSION:
+            raise InvalidPageError(f"{self.index_path} has format {index.get('format')!r}; this code reads {FORMAT_VERSION}")
+        index.setdefault("shard_rows", DEFAULT_SHARD_ROWS)
+        return index
+
+    def shards(self) -> list[ShardInfo]:
+        """The live shards, oldest first."""
+        return [ShardInfo(**shard) for shard in self._require()["shards"]]
+
+    def fingerprint(self) -> str:
+        """A hash that changes with any change of the records (shard names are unique per content)."""
+        index = self._require()
+        names = "\n".join(f"{s['name']}:{s['dead']}" for s in index["shards"])
+        return hashlib.sha256(names.encode()).hexdigest()
+
+    def __len__(self) -> int:
+        return sum(ShardInfo(**s).live for s in self._read_index()["shards"]) if self.exists() else 0
+
+    # ----- the id index ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _id_index(self, index: dict) -> Iterator[sqlite3.Connection]:
+        """A connection to the id index. If it reflects neither ``index`` nor the current index file
+        (a crash between the two commits, a ``dvc checkout``, a copied folder), it is rebuilt
+        from the shards under the writer lock; a reader with an older snapshot reads it as it is."""
+        path = self.shards_dir / ID_INDEX_NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(path, timeout=60)
+        try:
+            db.execute("CREATE TABLE IF NOT EXISTS ids (page_id TEXT PRIMARY KEY, shard TEXT NOT NULL, "
+                       "row INTEGER NOT NULL, ord INTEGER NOT NULL) WITHOUT ROWID")
+            db.execute("CREATE INDEX IF NOT EXISTS ids_by_shard ON ids (shard)")
+            db.execute("CREATE INDEX IF NOT EXISTS ids_by_ord ON ids (ord)")
+            db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT)")
+            db.commit()
+            if self._indexed_generation(db) not in (self._generation_token(index), self._generation_token(self._read_index())):
+                with self._writer():
+                    current = self._read_index()
+                    if self._indexed_generation(db) != self._generation_token(current):
+                        self._rebuild_id_index(db, current)
+            yield db
+        finally:
+            db.close()
+
+    @staticmethod
+    def _indexed_generation(db: sqlite3.Connection) -> str | None:
+        found = db.execute("SELECT value FROM state WHERE key = 'generation'").fetchone()
+        return found[0] if found else None
+
+    @staticmethod
+    def _generation_token(index: dict) -> str:
+        return f"{index['generation']}:{index.get('token', '')}"
+
+    def _rebuild_id_index(self, db: sqlite3.Connection, index: dict) -> None:
+        with db:
+            db.execute("DELETE FROM ids")
+            for shard in index["shards"]:  # oldest first: a newer version replaces an older one
+                table = pq.read_table(self._shard_path(shard["name"]), columns=["page_id", "ord"])
+                ids, ords = table.column("page_id").to_pylist(), table.column("ord").to_pylist()
+                db.executemany("INSERT OR REPLACE INTO ids VALUES (?, ?, ?, ?)",
+                               ((pid, shard["name"], row, o) for row, (pid, o) in enumerate(zip(ids, ords, strict=True))))
+            db.execute("INSERT OR REPLACE INTO state VALUES ('generation', ?)", (self._generation_token(index),))
+
+    def _locate(self, db: sqlite3.Connection, page_ids: list[str]) -> dict[str, tuple[str, int, int]]:
+        found: dict[str, tuple[str, int, int]] = {}
+        for start in range(0, len(page_ids), 900):  # under SQLite's bound-parameter limit
+            chunk = page_ids[start : start + 900]
+            marks = ",".join("?" * len(chunk))
+            for pid, shard, row, order in db.execute(f"SELECT page_id, shard, row, ord FROM ids WHERE page_id IN ({marks})", chunk):
+                found[pid] = (shard, row, order)
+        return found
+
+    # ----- reading ---------------------------------------------------------------------------
+    def get(self, page_id: str) -> Page | None:
+        """One page by id: an index lookup and one row group read."""
+        return self.get_many([page_id]).get(page_id)
+
+    def __contains__(self, page_id: object) -> bool:
+        if not isinstance(page_id, str) or not self.exists():
+            return False
+        index = self._read_index()
+        with self._id_index(index) as db:
+            return bool(self._locate(db, [page_id]))
+
+    def get_many(self, page_ids: Iterable[str]) -> dict[str, Page]:
+        wanted = list(dict.fromkeys(page_ids))
+        if not wanted or not self.exists():
+            return {}
+        index = self._read_index()
+        with self._id_index(index) as db:
+            located = self._locate(db, wanted)
+        by_group: dict[tuple[str, int], list[int]] = {}
+        for shard, row, _ in located.values():
+            by_group.setdefault((shard, row // ROW_GROUP_ROWS), []).append(row % ROW_GROUP_ROWS)
+        found: dict[str, Page] = {}
+        for (shard, group), rows in by_group.items():
+            table = pq.ParquetFile(self._shard_path(shard)).read_row_group(group, columns=RECORD_COLUMNS)
+            for page in pages_from_table(table.take(rows)):
+                found[page.page_id] = page
+        return {pid: found[pid] for pid in wanted if pid in found}
+
+    def scan(self, columns: list[str] | None = None, filter: pc.Expression | None = None) -> Iterator[pa.Table]:
+        """Live rows, one Arrow table per shard (storage order), reading only ``columns``."""
+        index = self._require()
+        names = list(dict.fromkeys(["page_id", *(columns or SCHEMA.names)]))
+        with self._id_index(index) as db:
+            for shard in index["shards"]:
+                table = self._live(pq.read_table(self._shard_path(shard["name"]), columns=names, filters=filter), shard, db)
+                if table.num_rows:
+                    yield table
+
+    @staticmethod
+    def _live(table: pa.Table, shard: dict, db: sqlite3.Connection) -> pa.Table:
+        """The rows of ``table`` (read from ``shard``) that no newer shard has replaced."""
+        if not shard["dead"]:
+            return table
+        live = [pid for (pid,) in db.execute("SELECT page_id FROM ids WHERE shard = ?", (shard["name"],))]
+        return table.filter(pc.is_in(table.column("page_id"), pa.array(live, pa.string())))
+
+    def iter_pages(self, filter: pc.Expression | None = None, page_ids: Iterable[str] | None = None,
+                   chunk: int = 256) -> Iterator[Page]:
+        """Stream pages shard by shard (storage order; memory bounded by one shard), or the pages
+        ``page_ids`` names in that order, fetched ``chunk`` at a time (missing ids are skipped)."""
+        if page_ids is None:
+            for table in self.scan(RECORD_COLUMNS, filter):
+                yield from pages_from_table(table)
+            return
+        if filter is not None:
+            raise ValueError("iter_pages takes a filter or page ids, not both")
+        wanted = list(dict.fromkeys(page_ids))
+        for start in range(0, len(wanted), chunk):
+            yield from self.get_many(wanted[start : start + chunk]).values()
+
+    def shard_pages(self, shard: ShardInfo | str, filter: pc.Expression | None = None) -> list[Page]:
+        """The live pages of one shard (the unit a distributed curation task works on)."""
+        return pages_from_table(self._shard_table(shard, RECORD_COLUMNS, filter))
+
+    def _shard_table(self, shard: ShardInfo | str, columns: list[str], filter: pc.Expression | None = None) -> pa.Table:
+        name = shard.name if isinstance(shard, ShardInfo) else shard
+        index = self._require()
+        entry = next((s for s in index["shards"] if s["name"] == name), None)
+        if entry is None:
+            raise KeyError(f"{name} is not a live shard of {self.root}")
+        table = pq.read_table(self._shard_path(name), columns=list(dict.fromkeys(["page_id", *columns])), filters=filter)
+        with self._id_index(index) as db:
+            return self._live(table, entry, db)
+
+    def shard_units(self, max_pages: int | None = None) -> list[dict]:
+        """Work for per-shard tasks (pre-annotation, mining, evaluation): one unit per shard, so a
+        task's memory is bounded by a shard. ``max_pages`` takes the first pages in order of
+        arrival (a sample that stays the same across runs), grouped by the shard holding them."""
+        if max_pages is None:
+            return [{"shard": shard.name, "page_ids": None} for shard in self.shards()]
+        ids = self.ids(limit=max_pages)
+        located = self.shard_of(ids)
+        by_shard: dict[str, list[str]] = {}
+        for page_id in ids:
+            by_shard.setdefault(located[page_id], []).append(page_id)
+        return [{"shard": shard.name, "page_ids": by_shard[shard.name]} for shard in self.shards() if shard.name in by_shard]
+
+    def unit_page_ids(self, unit: dict) -> list[str]:
+        """The page ids of a :meth:`shard_units` unit."""
+        if unit["page_ids"] is not None:
+            return list(unit["page_ids"])
+        return self._shard_table(unit["shard"], ["page_id"]).column("page_id").to_pylist()
+
+    def ids(self, limit: int | None = None) -> list[str]:
+        """Every page id (or the first ``limit``), in order of first appearance."""
+        if not self.exists():
+            return []
+        index = self._read_index()
+        with self._id_index(index) as db:
+            return [pid for (pid,) in db.execute("SELECT page_id FROM ids ORDER BY ord LIMIT ?", (-1 if limit is None else limit,))]
+
+    def shard_of(self, page_ids: Iterable[str]) -> dict[str, str]:
+        """The live shard holding each page (ids not in the store are left out)."""
+        if not self.exists():
+            return {}
+        index = self._read_index()
+        with self._id_index(index) as db:
+            return {pid: shard for pid, (shard, _, _) in self._locate(db, list(page_ids)).items()}
+
+    def pages(self) -> list[Page]:
+        """Every page in order of first appearance. Holds the whole store in memory: for small
+        stores and tests; large ones use :meth:`iter_pages`, :meth:`scan` or :meth:`shard_pages`."""
+        self._require()
+        tables = list(self.scan(RECORD_COLUMNS))
+        if not tables:
+            return []
+        table = pa.concat_tables(tables)
+        return pages_from_table(table.take(pc.sort_indices(table.column("ord"))))
+
+    def __iter__(self) -> Iterator[Page]:
+        return iter(self.pages())
+
+    def export_jsonl(self, path: str | os.PathLike) -> int:
+        """Write every page as one JSON line (interop), streaming; returns the count."""
+        count = 0
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.tmp")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            for page in self.iter_pages():
+                handle.write(json.dumps(page.to_json(), ensure_ascii=False) + "\n")
+                count += 1
+        os.replace(tmp, target)
+        return count
+
+    # ----- images ----------------------------------------------------------------------------
+    def image_path(self, page: Page) -> Path:
+        return self.root / page.image
+
+    def load_image(self, page: Page) -> Image.Image:
+        return load_image(self.image_path(page))
+
+    def save_image(self, page_id: str, image: Image.Image) -> str:
+        """Store an image as PNG under its content hash; returns the store-relative path.
+        (``page_id`` is accepted for the callers' readability; the bytes decide the name.)"""
+        del page_id
+        return self.store_image(image)[0]
+
+    def store_image(self, image: Image.Image) -> tuple[str, bool]:
+        """:meth:`save_image`, also saying whether the file is new (an import rolling back may
+        delete only the files it created: another page may share the bytes)."""
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        data = buffer.getvalue()
+        digest = hashlib.sha256(data).hexdigest()
+        relative = f"{IMAGES_DIR}/{digest[:2]}/{digest}.png"
+        target = self.root / relative
+        if target.exists():
+            return relative, False
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+        return relative, True
+
+    # ----- writing ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _writer(self) -> Iterator[None]:
+        """One writer at a time, across threads (a lock) and processes (``flock``); re-entrant."""
+        key = self.shards_dir.resolve()
+        held = getattr(_HELD, "stores", set())
+        if key in held:
+            yield
+            return
+        self.shards_dir.mkdir(parents=True, exist_ok=True)
+        with _THREAD_LOCKS_GUARD:
+            thread_lock = _THREAD_LOCKS.setdefault(key, threading.Lock())
+        with thread_lock, open(self.shards_dir / LOCK_NAME, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            _HELD.stores = held | {key}
+            try:
+                yield
+            finally:
+                _HELD.stores = held
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _write_shard(self, seq: int, table: pa.Table) -> ShardInfo:
+        """Write a shard named by its sequence number and content hash (the same records written
+        again give the same file, so rewriting an unchanged store changes nothing DVC sees)."""
+        tmp = self.shards_dir / f".part-{seq:09d}-{secrets.token_hex(4)}.tmp"
+        pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS, compression="zstd")
+        digest = hashlib.sha256()
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        name = f"part-{seq:09d}-{digest.hexdigest()[:16]}.parquet"
+        os.replace(tmp, self.shards_dir / name)
+        return ShardInfo(name=name, seq=seq, rows=table.num_rows)
+
+    def _commit(self, db: sqlite3.Connection, index: dict, shards: list[ShardInfo],
+                id_rows: list[tuple[str, str, int, int]], replace_all: bool = False) -> None:
+        """Make ``shards`` the live set: index file first (the commit point), then the id index."""
+        index = {**index, "generation": index["generation"] + 1, "token": secrets.token_hex(8),
+                 "shards": [vars(s).copy() for s in shards]}
+        atomic_write_text(self.index_path, json.dumps(index, indent=1) + "\n")
+        with db:  # a crash before this commit only costs a rebuild (the generation differs)
+            if replace_all:
+                db.execute("DELETE FROM ids")
+            db.executemany("INSERT OR REPLACE INTO ids VALUES (?, ?, ?, ?)", id_rows)
+            db.execute("INSERT OR REPLACE INTO state VALUES ('generation', ?)", (self._generation_token(index),))
+        self._collect_garbage({s.name for s in shards})
+
+    def _collect_garbage(self, live: set[str]) -> None:
+        """Move replaced shards to ``.trash/`` (a scan that started before still finds them there)
+        and empty it of shards replaced over :data:`TRASH_SECONDS` ago; drop uncommitted temp files."""
+        trash = self.shards_dir / TRASH_DIR
+        for path in self.shards_dir.glob("*.parquet"):
+            if path.name not in live:
+                trash.mkdir(exist_ok=True)
+                os.replace(path, trash / path.name)
+                os.utime(trash / path.name)
+        for path in self.shards_dir.glob(".part-*.tmp"):
+            path.unlink(missing_ok=True)
+        if trash.exists():
+            cutoff = time.time() - TRASH_SECONDS
+            for path in trash.iterdir():
+                if path.stat().st_mtime < cutoff:
+                    path.unlink(missing_ok=True)
+
+    def _shard_path(self, name: str) -> Path:
+        path = self.shards_dir / name
+        return path if path.exists() else self.shards_dir / TRASH_DIR / name
+
+    def write(self, pages: Iterable[Page]) -> None:
+        """Replace the whole store with ``pages`` (streamed into shards; one commit at the end)."""
+        with self._writer():
+            index = self._read_index()
+            with self._id_index(index) as db:
+                seq, shards, id_rows, seen = 0, [], [], set()  # a full rewrite numbers its shards afresh
+                buffer: list[Page] = []
+
+                def flush() -> None:
+                    nonlocal seq
+                    ords = list(range(len(seen) - len(buffer), len(seen)))
+                    shard = self._write_shard(seq, _page_columns(buffer, ords))
+                    id_rows.extend((p.page_id, shard.name, row, o) for row, (p, o) in enumerate(zip(buffer, ords, strict=True)))
+                    shards.append(shard)
+                    seq += 1
+                    buffer.clear()
+
+                for page in pages:
+                    if page.page_id in seen:
+                        raise ValueError(f"page id {page.page_id!r} appears twice in one write")
+                    seen.add(page.page_id)
+                    buffer.append(page)
+                    if len(buffer) >= index["shard_rows"]:
+                        flush()
+                if buffer:
+                    flush()
+                if [s.name for s in shards] == [s["name"] for s in index["shards"]] and not any(s["dead"] for s in index["shards"]):
+                    return  # the same records as now: no new version
+                index = {**index, "next_seq": seq, "next_ord": len(seen)}
+                self._commit(db, index, shards, id_rows, replace_all=True)
+
+    def upsert(self, pages: Iterable[Page], compact: bool = True) -> None:
+        """Insert or replace pages by ``page_id``. Writes only new shards (plus bounded compaction);
+        a page keeps its first-appearance position. ``compact=False`` leaves every existing shard
+        file in place (a caller still reading older shards of this store), until :meth:`compact`."""
+        batch: dict[str, Page] = {}
+        for page in pages:
+            batch[page.page_id] = page
+        if not batch:
+            return
+        with self._writer():
+            index = self._read_index()
+            with self._id_index(index) as db:
+                located = self._locate(db, list(batch))
+                shards = [ShardInfo(**s) for s in index["shards"]]
+                dead: dict[str, int] = {}
+                for shard, _, _ in located.values():
+                    dead[shard] = dead.get(shard, 0) + 1
+                shards = [ShardInfo(s.name, s.seq, s.rows, s.dead + dead.get(s.name, 0)) for s in shards]
+                next_ord, seq, id_rows = index["next_ord"], index["next_seq"], []
+                items = list(batch.values())
+                for start in range(0, len(items), index["shard_rows"]):
+                    chunk = items[start : start + index["shard_rows"]]
+                    ords = []
+                    for page in chunk:
+                        if page.page_id in located:
+                            ords.append(located[page.page_id][2])
+                        else:
+                            ords.append(next_ord)
+                            next_ord += 1
+                    shard = self._write_shard(seq, _page_columns(chunk, ords))
+                    seq += 1
+                    shards.append(shard)
+                    id_rows += [(p.page_id, shard.name, row, o) for row, (p, o) in enumerate(zip(chunk, ords, strict=True))]
+                shards, seq, moved = self._compact(db, shards, seq, id_rows) if compact else (shards, seq, id_rows)
+                index = {**index, "next_seq": seq, "next_ord": next_ord}
+                self._commit(db, index, shards, moved)
+
+    def _compact(self, db: sqlite3.Connection, shards: list[ShardInfo], seq: int,
+                 pending: list[tuple[str, str, int, int]]) -> tuple[list[ShardInfo], int, list]:
+        """Drop empty shards, rewrite mostly-dead ones, merge a tail run of small ones.
+
+        ``pending`` holds the id rows of shards written by this commit (not yet in the id index);
+        returns the shards, the next sequence number and every id row to record."""
+        pending_by_id = {row[0]: row for row in pending}
+
+        def live_ids(shard: ShardInfo) -> set[str]:
+            indexed = {pid for (pid,) in db.execute("SELECT page_id FROM ids WHERE shard = ?", (shard.name,))}
+            return {pid for pid in indexed if pid not in pending_by_id or pending_by_id[pid][1] == shard.name} | \
+                   {pid for pid, row in pending_by_id.items() if row[1] == shard.name}
+
+        def rewrite(group: list[ShardInfo], new_seq: int) -> tuple[ShardInfo, list]:
+            tables = []
+            for shard in group:
+                table = pq.read_table(self._shard_path(shard.name))
+                if shard.dead:
+                    table = table.filter(pc.is_in(table.column("page_id"), pa.array(sorted(live_ids(shard)), pa.string())))
+                tables.append(table)
+            merged = pa.concat_tables(tables)
+            new = self._write_shard(new_seq, merged)
+            ids, ords = merged.column("page_id").to_pylist(), merged.column("ord").to_pylist()
+            return new, [(pid, new.name, row, o) for row, (pid, o) in enumerate(zip(ids, ords, strict=True))]
+
+        rows_by_id = dict(pending_by_id)
+        result: list[ShardInfo] = []
+        for shard in shards:
+            if shard.live == 0:
+                continue
+            if shard.dead * 2 > shard.rows:  # mostly dead: rewrite it in place (same sequence position)
+                shard, rows = rewrite([shard], shard.seq)
+                rows_by_id.update((row[0], row) for row in rows)
+            result.append(shard)
+        limit = self._read_index().get("shard_rows", self._new_shard_rows)
+        tail = 0
+        while tail < len(result) and result[-1 - tail].live * 2 < limit:
+            tail += 1
+        if tail >= 4:  # merge the newest under-half-full shards into one of at most ``limit`` rows
+            take, total = [], 0
+            for shard in reversed(result[-tail:]):
+                if take and total + shard.live > limit:
+                    break
+                take.insert(0, shard)
+                total += shard.live
+            if len(take) >= 2:
+                merged, rows = rewrite(take, max(s.seq for s in take))
+                result = [*result[: -len(take)], merged]
+                rows_by_id.update((row[0], row) for row in rows)
+        return result, seq, list(rows_by_id.values())
+
+    def compact(self) -> None:
+        """Compaction on demand (also runs as part of every upsert)."""
+        with self._writer():
+            index = self._require()
+            with self._id_index(index) as db:
+                shards, seq, rows = self._compact(db, [ShardInfo(**s) for s in index["shards"]], index["next_seq"], [])
+                self._commit(db, {**index, "next_seq": seq}, shards, rows)
+
+
+def migrate_jsonl(root: str | os.PathLike, *, shard_rows: int | None = None, keep: bool = False) -> int:
+    """Convert a legacy ``pages.jsonl`` folder in place; image files stay where they are.
+    The old manifest is renamed to ``pages.jsonl.migrated`` (or kept with ``keep``)."""
+    folder = Path(root)
+    manifest = folder / LEGACY_MANIFEST
+    if not manifest.exists():
+        raise FileNotFoundError(f"{manifest} does not exist; nothing to migrate")
+    store = PageDataset(folder, shard_rows=shard_rows)
+    if store.exists():
+        raise FileExistsError(f"{folder} already holds a page store; not overwriting it")
+
+    def records() -> Iterator[Page]:
+        with open(manifest, encoding="utf-8") as handle:
+            for line_no, line in enumerate(handle, 1):
+                if line.strip():
+                    try:
+                        yield Page.from_json(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise InvalidPageError(f"{manifest}:{line_no} is not valid JSON: {exc}") from exc
+
+    store.write(records())
+    if not keep:
+        os.replace(manifest, manifest.with_name(LEGACY_MANIFEST + ".migrated"))
+    return len(store)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m components.data.page_store", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    migrate = sub.add_parser("migrate", help="convert pages.jsonl folders into page stores")
+    migrate.add_argument("folders", nargs="+", type=Path)
+    migrate.add_argument("--keep", action="store_true", help="leave pages.jsonl in place")
+    export = sub.add_parser("export", help="write a store as JSON lines")
+    export.add_argument("folder", type=Path)
+    export.add_argument("out", type=Path)
+    info = sub.add_parser("info", help="shards, rows and dead rows of a store")
+    info.add_argument("folder", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "migrate":
+            for folder in args.folders:
+                print(f"{folder}: {migrate_jsonl(folder, keep=args.keep)} pages migrated")
+        elif args.command == "export":
+            print(f"{PageDataset(args.folder).export_jsonl(args.out)} pages written to {args.out}")
+        else:
+            store = PageDataset(args.folder)
+            shards = store.shards()
+            print(f"{args.folder}: {len(store)} pages in {len(shards)} shards "
+                  f"({sum(s.dead for s in shards)} dead rows)")
+    except (FileNotFoundError, FileExistsError, InvalidPageError) as exc:
+        print(f"error: {exc}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
