@@ -128,7 +128,7 @@ def operate(kind: str, root: Path, size: int) -> dict:
 def curate(root: Path) -> dict:
     """Curation steps over the whole store: the train/val/test split (written as three stores) and
     the hard-example scan, as the curate and train flows run them."""
-    from components.curation.mining import hard_examples
+    from components.curation.mining import hard_example_ids
     from components.curation.splits import make_splits
 
     store = PageDataset(root)
@@ -137,7 +137,7 @@ def curate(root: Path) -> dict:
     split_s = time.perf_counter() - started
     assert sum(counts.values()) == len(store)
     started = time.perf_counter()
-    n_hard = len(hard_examples(store))
+    n_hard = len(hard_example_ids(store))
     return {"split_s": split_s, "hard_pages_s": time.perf_counter() - started, "n_hard": n_hard,
             "curate_rss_mb": peak_rss_mb()}
 

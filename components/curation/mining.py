@@ -171,15 +171,23 @@ def mine_consistency(
     return report
 
 
+def hard_example_ids(dataset: PageDataset) -> list[str]:
+    """Ids of the pages flagged hard by the last mining run, least consistent first (three columns read)."""
+    keys = []
+    for table in dataset.scan(["page_id", "consistency"], HARD):
+        ids, scores = table.column("page_id").to_pylist(), table.column("consistency").to_pylist()
+        keys += [(0.0 if c is None else c, pid) for pid, c in zip(ids, scores, strict=True)]
+    return [pid for _, pid in sorted(keys)]
+
+
 def hard_examples(dataset: PageDataset) -> list[Page]:
-    """Pages flagged hard by the last mining run, least consistent first (a scan of one column)."""
-    hard = list(dataset.iter_pages(HARD))
-    return sorted(hard, key=lambda page: (page.meta.get("consistency", 0.0), page.page_id))
+    """The hard pages themselves, least consistent first."""
+    return list(dataset.iter_pages(page_ids=hard_example_ids(dataset)))
 
 
 def write_hard_examples(dataset: PageDataset, root: str | os.PathLike) -> PageDataset:
-    """Write the hard pages as their own :class:`PageDataset` (for Label Studio and DVC)."""
-    return write_subset(dataset, hard_examples(dataset), root)
+    """Write the hard pages as their own :class:`PageDataset` (for Label Studio and DVC), streaming."""
+    return write_subset(dataset, dataset.iter_pages(page_ids=hard_example_ids(dataset)), root)
 
 
 def consistency_weight(page: Page, beta: float) -> float:

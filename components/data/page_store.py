@@ -460,14 +460,13 @@ class PageDataset:
         return ShardInfo(name=name, seq=seq, rows=table.num_rows)
 
     def _commit(self, db: sqlite3.Connection, index: dict, shards: list[ShardInfo],
-                id_rows: list[tuple[str, str, int, int]], replace_all: bool = False) -> None:
-        """Make ``shards`` the live set: index file first (the commit point), then the id index."""
+                id_rows: list[tuple[str, str, int, int]]) -> None:
+        """Make ``shards`` the live set: index file first (the commit point), then the id index
+        (``id_rows`` plus whatever the open transaction already holds)."""
         index = {**index, "generation": index["generation"] + 1, "token": secrets.token_hex(8),
                  "shards": [vars(s).copy() for s in shards]}
         atomic_write_text(self.index_path, json.dumps(index, indent=1) + "\n")
         with db:  # a crash before this commit only costs a rebuild (the generation differs)
-            if replace_all:
-                db.execute("DELETE FROM ids")
             db.executemany("INSERT OR REPLACE INTO ids VALUES (?, ?, ?, ?)", id_rows)
             db.execute("INSERT OR REPLACE INTO state VALUES ('generation', ?)", (self._generation_token(index),))
         self._collect_garbage({s.name for s in shards})
@@ -494,35 +493,43 @@ class PageDataset:
         return path if path.exists() else self.shards_dir / TRASH_DIR / name
 
     def write(self, pages: Iterable[Page]) -> None:
-        """Replace the whole store with ``pages`` (streamed into shards; one commit at the end)."""
+        """Replace the whole store with ``pages`` (streamed into shards; one commit at the end).
+        Memory is bounded by one shard: ids go to the id index's open transaction as each shard is
+        written (readers keep seeing the committed store until the commit)."""
         with self._writer():
             index = self._read_index()
             with self._id_index(index) as db:
-                seq, shards, id_rows, seen = 0, [], [], set()  # a full rewrite numbers its shards afresh
+                seq, count, shards = 0, 0, []  # a full rewrite numbers its shards afresh
                 buffer: list[Page] = []
 
                 def flush() -> None:
-                    nonlocal seq
-                    ords = list(range(len(seen) - len(buffer), len(seen)))
+                    nonlocal seq, count
+                    ords = list(range(count, count + len(buffer)))
                     shard = self._write_shard(seq, _page_columns(buffer, ords))
-                    id_rows.extend((p.page_id, shard.name, row, o) for row, (p, o) in enumerate(zip(buffer, ords, strict=True)))
+                    try:
+                        db.executemany("INSERT INTO ids VALUES (?, ?, ?, ?)", (
+                            (p.page_id, shard.name, row, o) for row, (p, o) in enumerate(zip(buffer, ords, strict=True))))
+                    except sqlite3.IntegrityError as exc:
+                        raise ValueError(f"a page id appears twice in one write of {self.root}: {exc}") from exc
                     shards.append(shard)
-                    seq += 1
+                    seq, count = seq + 1, count + len(buffer)
                     buffer.clear()
 
-                for page in pages:
-                    if page.page_id in seen:
-                        raise ValueError(f"page id {page.page_id!r} appears twice in one write")
-                    seen.add(page.page_id)
-                    buffer.append(page)
-                    if len(buffer) >= index["shard_rows"]:
+                try:
+                    db.execute("DELETE FROM ids")
+                    for page in pages:
+                        buffer.append(page)
+                        if len(buffer) >= index["shard_rows"]:
+                            flush()
+                    if buffer:
                         flush()
-                if buffer:
-                    flush()
+                except BaseException:
+                    db.rollback()
+                    raise
                 if [s.name for s in shards] == [s["name"] for s in index["shards"]] and not any(s["dead"] for s in index["shards"]):
+                    db.rollback()
                     return  # the same records as now: no new version
-                index = {**index, "next_seq": seq, "next_ord": len(seen)}
-                self._commit(db, index, shards, id_rows, replace_all=True)
+                self._commit(db, {**index, "next_seq": seq, "next_ord": count}, shards, [])
 
     def upsert(self, pages: Iterable[Page], compact: bool = True) -> None:
         """Insert or replace pages by ``page_id``. Writes only new shards (plus bounded compaction);
