@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from components.services.process import PROJECT_ROOT, VAR_DIR
 
@@ -76,8 +76,24 @@ class StageSection(_Strict):
 
 class TrainingSection(_Strict):
     launcher: Literal["inprocess", "torchrun", "deepspeed"] = "inprocess"
-    num_processes: int = Field(1, ge=1)
+    num_processes: int = Field(1, ge=1)  # per node (GPUs per node on a GPU cluster)
+    nodes: int = Field(1, ge=1)
+    # Multi-node: torchrun meets at a c10d rendezvous (the same command runs on every node);
+    # the deepspeed launcher starts every node listed in an MPI-style hostfile from the first one.
+    rdzv_endpoint: str | None = None  # host:port, for launcher torchrun
+    hostfile: str | None = None  # "host slots=N" lines, for launcher deepspeed
     stages: dict[str, StageSection]
+
+    @model_validator(mode="after")
+    def _multi_node_needs_a_meeting_point(self) -> TrainingSection:
+        if self.nodes > 1:
+            if self.launcher == "inprocess":
+                raise ValueError("training.nodes > 1 needs launcher torchrun or deepspeed")
+            if self.launcher == "torchrun" and not self.rdzv_endpoint:
+                raise ValueError("training.nodes > 1 with torchrun needs training.rdzv_endpoint (host:port of node 0)")
+            if self.launcher == "deepspeed" and not self.hostfile:
+                raise ValueError("training.nodes > 1 with deepspeed needs training.hostfile")
+        return self
 
     @field_validator("stages")
     @classmethod

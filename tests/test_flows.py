@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -48,6 +49,29 @@ def test_pipeline_config_rejects_unknown_keys_and_stages(tmp_path):
         load_pipeline_config(path)
     with pytest.raises(PipelineConfigError, match="does not exist"):
         load_pipeline_config(tmp_path / "missing.yaml")
+
+
+def test_multi_node_launch_commands(tmp_path):
+    from components.training.stages import launch_command
+
+    def command(**training):
+        path = tmp_path / "pipeline.yaml"
+        path.write_text(yaml.safe_dump({"name": "mn", "training": {
+            "stages": {"stage1": {"config": "configs/train/stage1.yaml"}}, **training}}))
+        return launch_command(load_pipeline_config(path), Path("configs/train/stage1.yaml"), {"train.steps": 3})
+
+    single = command(launcher="torchrun", num_processes=8)
+    assert "--standalone" in single and "--nproc-per-node=8" in single
+    two = command(launcher="torchrun", num_processes=8, nodes=2, rdzv_endpoint="node0:29400")
+    assert {"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29400", "--rdzv-id=mn-stage1"} <= set(two)
+    assert "--standalone" not in two and two[-2:] == ["--set", "train.steps=3"]
+    hosts = command(launcher="deepspeed", num_processes=8, nodes=2, hostfile="var/hostfile")
+    assert Path(hosts[0]).name == "deepspeed" and "--num_nodes=2" in hosts and "--num_gpus=8" in hosts
+    assert any(arg.startswith("--hostfile=") and arg.endswith("var/hostfile") for arg in hosts)
+    for bad, why in [({"nodes": 2}, "torchrun or deepspeed"), ({"launcher": "torchrun", "nodes": 2}, "rdzv_endpoint"),
+                     ({"launcher": "deepspeed", "nodes": 2}, "hostfile")]:
+        with pytest.raises(PipelineConfigError, match=why):
+            command(**bad)
 
 
 def test_a_typo_in_a_later_stage_fails_before_any_work_in_one_line(tmp_path):

@@ -65,12 +65,19 @@ def validate_stages(cfg: PipelineConfig) -> None:
 def launch_command(cfg: PipelineConfig, config_path: Path, overrides: dict[str, Any]) -> list[str]:
     sets = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={_yaml_value(value)}")]
     module = ["-m", "components.training.launch", "--config", str(config_path), *sets]
-    n = cfg.training.num_processes
+    section = cfg.training
+    n = section.num_processes
     python = sys.executable
-    if cfg.training.launcher == "torchrun":
-        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", *module]
-    if cfg.training.launcher == "deepspeed":
-        return [str(Path(python).parent / "deepspeed"), f"--num_gpus={n}", "--module", *module[1:]]
+    if section.launcher == "torchrun":
+        if section.nodes > 1:  # run the same command on every node; the rendezvous assigns ranks
+            meeting = [f"--nnodes={section.nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={section.rdzv_endpoint}",
+                       f"--rdzv-id={cfg.name}-{config_path.stem}"]
+        else:
+            meeting = ["--standalone"]
+        return [python, "-m", "torch.distributed.run", *meeting, f"--nproc-per-node={n}", *module]
+    if section.launcher == "deepspeed":
+        nodes = [f"--hostfile={_resolve(section.hostfile)}", f"--num_nodes={section.nodes}"] if section.nodes > 1 else []
+        return [str(Path(python).parent / "deepspeed"), *nodes, f"--num_gpus={n}", "--module", *module[1:]]
     if n != 1:
         raise ValueError("training.launcher 'inprocess' runs one process; use torchrun or deepspeed for num_processes > 1")
     return [python, *module]
