@@ -188,6 +188,7 @@ class DocVLMForConditionalGeneration(PreTrainedModel):
     main_input_name = "pixel_values"
     _supports_sdpa = True
     _supports_flash_attn = True
+    supports_gradient_checkpointing = True
     _tied_weights_keys = {"language_model.lm_head.weight": "language_model.model.embed_tokens.weight"}
 
     def __init__(self, config: DocVLMConfig):

@@ -58,3 +58,28 @@ def test_tiny_folders_load_and_decode(family, tmp_path):
 def test_an_unsupported_family_names_the_supported_ones(tmp_path, capsys):
     assert tiny_main(["--family", "qwen3_vl", "--out", str(tmp_path / "x")]) == 2
     assert "docvlm, qwen2_vl, qwen2_5_vl" in capsys.readouterr().err
+
+
+def test_gradient_checkpointing_recomputes_layers_and_keeps_the_gradients(tokenizer):
+    import torch
+
+    from components.data.synthetic import generate_page
+    from models.loading import new_tiny_model
+
+    model = new_tiny_model(tokenizer, seed=0).train()
+    image, ids = generate_page(1)[1], torch.tensor([tokenizer("<table><tr><td>model</td></tr></table>")["input_ids"]])
+    calls = []
+    # A pre-hook early in the layer: the recomputation stops once it has what the backward needs.
+    model.language_model.model.layers[0].self_attn.register_forward_pre_hook(lambda *_: calls.append(1))
+
+    def gradients():
+        calls.clear()
+        loss = model(pixel_values=model.preprocess([image]), input_ids=ids, labels=ids)["loss"]
+        grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
+        return loss.detach(), grads, len(calls)
+
+    loss, grads, plain_calls = gradients()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    loss_ckpt, grads_ckpt, ckpt_calls = gradients()
+    assert (plain_calls, ckpt_calls) == (1, 2)  # the layer ran again in the backward pass
+    assert torch.equal(loss, loss_ckpt) and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, grads_ckpt, strict=True))

@@ -438,3 +438,36 @@ def _row_prefix(prefix, row: int):
     from models.interface import PagePrefix
 
     return PagePrefix(embeds=prefix.embeds[row : row + 1])
+
+
+def test_chunked_ce_equals_plain_ce_in_value_and_gradient():
+    from components.training.objectives import token_ce
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50, 97, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, 97, (3, 50))
+    plain = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+    chunked = token_ce(logits, targets, chunk=16)  # 150 positions in 10 checkpointed chunks
+    assert torch.allclose(chunked, plain, atol=1e-6)
+    (grad_plain,) = torch.autograd.grad((plain * torch.arange(50)).sum(), logits)
+    (grad_chunked,) = torch.autograd.grad((chunked * torch.arange(50)).sum(), logits)
+    assert torch.equal(grad_chunked, grad_plain)
+
+
+def test_chunked_ce_keeps_no_fp32_copy_of_all_logits_for_backward():
+    from components.training.objectives import token_ce
+
+    logits = torch.randn(2, 64, 101, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, 101, (2, 64))
+    saved_fp32 = []
+
+    def pack(tensor):
+        if tensor.dtype == torch.float32:
+            saved_fp32.append(tensor.numel())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = token_ce(logits, targets, chunk=16).sum()
+    assert sum(saved_fp32) < 16 * 101  # without per-chunk recomputation: 128 x 101 fp32 kept
+    loss.backward()
+    assert logits.grad is not None and logits.grad.shape == logits.shape

@@ -128,6 +128,9 @@ class TrainSection(_Strict):
     resume: bool = True  # continue from the newest checkpoint in output_dir if there is one
     threads: int | None = Field(None, ge=1)  # torch intra-op threads per process (None: cores / local procs)
     progress: bool = True
+    # Recompute each decoder layer's activations in the backward pass instead of keeping them:
+    # activation memory from O(layers) to O(1) layers, for about a third more compute.
+    gradient_checkpointing: bool = False
 
 
 class MlflowSection(_Strict):

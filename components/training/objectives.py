@@ -31,13 +31,40 @@ IGNORE = -100
 
 
 # ----- shared helpers ----------------------------------------------------------------------
+CE_CHUNK_POSITIONS = 1024  # positions whose fp32 logits exist at once in token_ce
+
+
+def _chunk_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float(), targets, reduction="none")
+
+
+def token_ce(logits: torch.Tensor, targets: torch.Tensor, chunk: int = CE_CHUNK_POSITIONS) -> torch.Tensor:
+    """Per-position CE (B, n) in fp32 without an fp32 copy of all logits.
+
+    With a 152k vocabulary and several streams per page, fp32 logits of a whole batch are the
+    largest tensor of a step (8 x 4096 positions x 152k x 4 B = 20 GB). Here at most ``chunk``
+    positions are upcast at a time, and each chunk is recomputed in the backward pass
+    (activation checkpointing) instead of keeping its fp32 log-softmax, so what stays alive is
+    the model-dtype logits plus one chunk.
+    """
+    batch, n, vocab = logits.shape
+    flat, flat_targets = logits.reshape(batch * n, vocab), targets.reshape(batch * n)
+    if flat.shape[0] <= chunk:
+        return _chunk_ce(flat, flat_targets).reshape(batch, n)
+    from torch.utils.checkpoint import checkpoint
+
+    parts = [checkpoint(_chunk_ce, flat[start : start + chunk], flat_targets[start : start + chunk], use_reentrant=False)
+             if flat.requires_grad else _chunk_ce(flat[start : start + chunk], flat_targets[start : start + chunk])
+             for start in range(0, flat.shape[0], chunk)]
+    return torch.cat(parts).reshape(batch, n)
+
+
 def weighted_token_ce(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Per-sample weighted mean CE over positions; a sample with zero total weight scores 0.
 
     ``logits`` (B, n, V), ``targets`` (B, n) with ``IGNORE`` allowed where weight is 0.
     """
-    safe_targets = targets.clamp_min(0)
-    ce = F.cross_entropy(logits.float().transpose(1, 2), safe_targets, reduction="none")
+    ce = token_ce(logits, targets.clamp_min(0))
     weights = weights.to(ce.dtype) * (targets != IGNORE)
     total = weights.sum(dim=1)
     return torch.where(total > 0, (ce * weights).sum(dim=1) / total.clamp_min(1e-12), ce.new_zeros(()))

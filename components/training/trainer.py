@@ -166,6 +166,8 @@ def _load_model(config: TrainConfig, output_dir: Path, rank: int):
                             seed=config.seed, architecture=config.model.bootstrap.architecture)
         _barrier()
     model, tokenizer = load_markup_model(source)
+    if config.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.model.lora is not None:
         from components.training.lora import apply_lora
 
