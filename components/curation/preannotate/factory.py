@@ -1,0 +1,48 @@
+"""Pick and build a pre-annotation backend from config."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from components.curation.preannotate.base import PreAnnotator
+from components.curation.preannotate.model import ModelAnnotator, ModelAnnotatorConfig
+from components.curation.preannotate.paddle_pipeline import (
+    PaddleOCRVLPipelineAnnotator,
+    PaddleOCRVLPipelineConfig,
+)
+from components.curation.preannotate.paddle_server import PaddleOCRVLServerAnnotator, PaddleOCRVLServerConfig
+from components.curation.preannotate.rapidocr import RapidOCRAnnotator, RapidOCRConfig
+
+# ---------------------------------------------------------------------------------------------
+# factory
+
+BACKENDS: dict[str, tuple[type, type]] = {
+    "rapidocr": (RapidOCRAnnotator, RapidOCRConfig),
+    "model": (ModelAnnotator, ModelAnnotatorConfig),
+    "paddleocr_vl_server": (PaddleOCRVLServerAnnotator, PaddleOCRVLServerConfig),
+    "paddleocr_vl_pipeline": (PaddleOCRVLPipelineAnnotator, PaddleOCRVLPipelineConfig),
+}
+DEFAULT_BACKEND = "rapidocr"
+
+
+def make_preannotator(config: dict | None = None) -> PreAnnotator:
+    """Build a backend from config, e.g. ``{"backend": "paddleocr_vl_server", "url": "http://127.0.0.1:8118"}``.
+
+    Unknown backends and unknown keys are rejected with the accepted ones listed.
+    """
+    config = dict(config or {})
+    backend = config.pop("backend", DEFAULT_BACKEND)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown pre-annotation backend {backend!r}; choose one of {sorted(BACKENDS)}")
+    annotator_cls, config_cls = BACKENDS[backend]
+    accepted = [f.name for f in fields(config_cls)]
+    unknown = sorted(set(config) - set(accepted))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} for pre-annotation backend {backend!r}; accepted: {accepted}")
+    settings = config_cls(**config)
+    if backend == "model":
+        if not settings.model_dir:
+            raise ValueError("the model backend needs `model_dir` (a folder written by save_markup_model)")
+        return ModelAnnotator.from_pretrained(settings.model_dir, device=settings.device, model_version=settings.model_version,
+                                              decoder=settings.decoder, max_new_tokens=settings.max_new_tokens)
+    return annotator_cls(settings)
