@@ -75,6 +75,9 @@ class StageSection(_Strict):
 
 
 class TrainingSection(_Strict):
+    # The checkpoint Stage 1 continues (your dots.ocr / Qwen2.5-VL / MinerU2.5 folder); None: what
+    # the Stage-1 YAML names (the shipped docmarkup-base).
+    base_model: str | None = None
     launcher: Literal["inprocess", "torchrun", "deepspeed"] = "inprocess"
     num_processes: int = Field(1, ge=1)  # per node (GPUs per node on a GPU cluster)
     nodes: int = Field(1, ge=1)

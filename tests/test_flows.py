@@ -51,6 +51,19 @@ def test_pipeline_config_rejects_unknown_keys_and_stages(tmp_path):
         load_pipeline_config(tmp_path / "missing.yaml")
 
 
+def test_the_pipeline_names_the_base_model_stage1_continues(tmp_path):
+    from components.training.stages import stage_overrides
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump({"name": "byo", "training": {"base_model": "var/models/my-qwen25", "stages": {
+        "stage1": {"config": "configs/train/stage1.yaml"}, "stage2": {"config": "configs/train/stage2.yaml"}}}}))
+    cfg = load_pipeline_config(path)
+    first = stage_overrides(cfg, "stage1", tmp_path / "train", None, None, None)
+    assert first["model.init_from"].endswith("var/models/my-qwen25") and first["model.bootstrap"] is None
+    second = stage_overrides(cfg, "stage2", tmp_path / "train", tmp_path / "stage1-model", None, None)
+    assert second["model.init_from"] == str(tmp_path / "stage1-model")
+
+
 def test_multi_node_launch_commands(tmp_path):
     from components.training.stages import launch_command
 

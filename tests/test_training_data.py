@@ -185,6 +185,17 @@ def test_shipped_stage_configs_parse(tmp_path):
     assert darl.darl.dtpo_coef == 0.1 and darl.darl.candidates == 4
     paper = load_train_config(ROOT / "configs/train/darl_paper.yaml", {"model.init_from": str(model_dir)})
     assert (paper.optim.lr, paper.optim.warmup_steps, paper.optim.weight_decay) == (2e-5, 500, 0.01)
+    assert paper.train.epochs == 2 and paper.train.steps is None
+
+
+def test_epochs_become_steps_from_the_data_and_the_schedule_is_checked_then():
+    config = load_train_config(ROOT / "configs/train/quick.yaml", {"train.steps": None, "train.epochs": 2.0,
+                                                                   "optim.schedule": "cosine", "optim.warmup_steps": 10})
+    assert config.with_steps_for(n_examples=100, global_batch=8).train.steps == 25  # ceil(2 * 100 / 8)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        config.with_steps_for(n_examples=20, global_batch=8)  # 5 steps, less than the warmup
+    with pytest.raises(TrainConfigError, match=r"exactly one of train\.steps or train\.epochs"):
+        load_train_config(ROOT / "configs/train/quick.yaml", {"train.epochs": 1.0})
 
 
 def test_cli_overrides_and_bad_yaml(tmp_path):

@@ -221,3 +221,10 @@ def test_sigterm_saves_a_checkpoint_and_the_resumed_run_matches(workspace, unint
     resumed = run_training(_config(workspace, "killed", **{"train.steps": 6, "train.save_every": None}))
     assert resumed.start_step == stopped_at
     assert resumed.losses == pytest.approx(uninterrupted.losses[stopped_at:], rel=1e-5)
+
+
+def test_a_run_measured_in_epochs_trains_the_steps_the_data_gives(workspace):
+    result = run_training(_config(workspace, "epochs", **{"train.steps": None, "train.epochs": 1.0, "train.save_every": None}))
+    assert result.final_step == 6  # 12 pages, 2 per step
+    meta = json.loads((result.model_dir / "training_meta.json").read_text())
+    assert meta["steps"] == 6

@@ -11,6 +11,7 @@ so the same file works from any working directory and under every launcher.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -120,7 +121,10 @@ class OptimSection(_Strict):
 
 
 class TrainSection(_Strict):
-    steps: int = Field(ge=1)  # optimizer steps of the whole run
+    """How long and in what batches; set exactly one of ``steps`` and ``epochs``."""
+
+    steps: int | None = Field(None, ge=1)  # optimizer steps of the whole run ...
+    epochs: float | None = Field(None, gt=0)  # ... or passes over the broad pages (steps follow from the data)
     micro_batch_size: int = Field(8, ge=1)  # per process
     grad_accum: int = Field(1, ge=1)
     save_every: int | None = Field(None, ge=1)  # checkpoint period in steps (None: only at the end)
@@ -131,6 +135,12 @@ class TrainSection(_Strict):
     # Recompute each decoder layer's activations in the backward pass instead of keeping them:
     # activation memory from O(layers) to O(1) layers, for about a third more compute.
     gradient_checkpointing: bool = False
+
+    @model_validator(mode="after")
+    def _one_length(self) -> TrainSection:
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError("set exactly one of train.steps or train.epochs")
+        return self
 
 
 class MlflowSection(_Strict):
@@ -180,10 +190,25 @@ class TrainConfig(_Strict):
                             self.pabdm.block_length if "pabdm_csl" in active else 0)
         if longest_block > self.data.max_tokens:
             raise ValueError(f"block length {longest_block} exceeds data.max_tokens {self.data.max_tokens}")
-        if self.optim.schedule != "constant" and self.optim.warmup_steps >= self.train.steps:
-            raise ValueError(f"optim.schedule {self.optim.schedule!r} decays after warmup, but warmup_steps "
-                             f"({self.optim.warmup_steps}) >= train.steps ({self.train.steps})")
+        self.check_schedule()
         return self
+
+    def check_schedule(self) -> None:
+        """A decaying schedule needs steps after its warmup (checked again once epochs become steps)."""
+        steps = self.train.steps
+        if steps is not None and self.optim.schedule != "constant" and self.optim.warmup_steps >= steps:
+            raise ValueError(f"optim.schedule {self.optim.schedule!r} decays after warmup, but warmup_steps "
+                             f"({self.optim.warmup_steps}) >= train.steps ({steps})")
+
+    def with_steps_for(self, n_examples: int, global_batch: int) -> TrainConfig:
+        """The config with ``train.epochs`` turned into optimizer steps over ``n_examples`` broad
+        pages taken ``global_batch`` per step (unchanged when ``train.steps`` is set)."""
+        if self.train.steps is not None:
+            return self
+        steps = max(1, math.ceil(self.train.epochs * n_examples / global_batch))
+        resolved = self.model_copy(update={"train": self.train.model_copy(update={"steps": steps})})
+        resolved.check_schedule()
+        return resolved
 
     @property
     def active_objectives(self) -> dict[str, float]:

@@ -233,6 +233,7 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
             if config.data.hard_examples else None)
     plan = BatchPlan(base.shard_sizes, hard.shard_sizes if hard else 0, config.data.hard_ratio, config.seed,
                      config.train.micro_batch_size, config.train.grad_accum, world_size)
+    config = config.with_steps_for(len(base), plan.global_batch - plan.n_hard_per_batch)
 
     ds_config = runtime.resolve_deepspeed_config(config)
     mix = ObjectiveMix(model, config)
