@@ -264,6 +264,23 @@ def test_sharded_examples_tokenise_each_shard_once_and_cover_the_store(sharded_d
     assert [e.token_ids for e in again] == [e.token_ids for e in examples]
 
 
+def test_the_token_cache_follows_pages_a_newer_shard_replaced(tmp_path, pages_dir, tokenizer):
+    source = PageDataset(pages_dir)
+    store = PageDataset(tmp_path / "store", shard_rows=4)
+    pages = source.pages()
+    for page in pages:
+        store.store_image(source.load_image(page))
+    store.write(pages)
+    before = {e.page_id: e.token_ids for e in load_examples(store.root, tokenizer, 256)}
+    changed = replace(pages[0], markup_override="# Changed title")
+    store.upsert([changed])  # the first shard keeps its file, with one dead row
+    assert [s.dead for s in store.shards()] == [1, 0, 0]
+    after = {e.page_id: e.token_ids for e in load_examples(store.root, tokenizer, 256)}
+    assert after.keys() == before.keys()
+    assert tokenizer.decode(after[changed.page_id][1:-1]) == "# Changed title"
+    assert all(after[pid] == before[pid] for pid in before if pid != changed.page_id)
+
+
 def test_block_shuffle_covers_each_epoch_once_and_reads_few_shards_at_a_time():
     sizes = [5] * 40
     plan = BatchPlan(sizes, 0, 0.0, seed=1, micro_batch=4, grad_accum=1, world_size=1)

@@ -64,10 +64,7 @@ def _settings_key(settings: dict[str, Any]) -> str:
 
 
 def _fold(dataset: PageDataset, journal: Journal, tau_train: float) -> None:
-    latest: dict[str, dict] = {}
-    for record in journal.records():
-        if record.get("status") == "done":
-            latest[record["page_id"]] = record
+    latest = journal.latest_done()
     if not latest:
         return
     changed: list[Page] = []
@@ -126,10 +123,7 @@ def mine_consistency(
     journal.repair()
     _fold(dataset, journal, tau_train)
 
-    latest: dict[str, dict] = {}
-    for record in journal.records():
-        if record.get("status") == "done":
-            latest[record["page_id"]] = record
+    latest = journal.latest_done()
     report = MiningReport(scores={}, hard=[], tau_train=tau_train, settings=settings)
     started = time.perf_counter()
     pending = 0

@@ -63,11 +63,8 @@ def assign_split(key: str, ratios: dict[str, float] = DEFAULT_RATIOS, salt: str 
     return names[-1]  # rounding at the very top of [0, 1)
 
 
-def document_group(meta: dict | str, group_by: str | None = DEFAULT_GROUP_KEY) -> str | None:
-    """The group key of a page from its ``meta`` (a dict, or the JSON text as stored), or None when
-    the page is its own group."""
-    if isinstance(meta, str):  # parse only when the key can be there (most pages have no group)
-        meta = json.loads(meta) if group_by and f'"{group_by}"' in meta else {}
+def document_group(meta: dict, group_by: str | None = DEFAULT_GROUP_KEY) -> str | None:
+    """The group key of a page from its ``meta``, or None when the page is its own group."""
     value = meta.get(group_by) if group_by else None
     return f"{group_by}:{value}" if value is not None else None
 
@@ -126,14 +123,15 @@ def make_splits(
     group_split: dict[str, str] = {}
     unknown: set[str] = set()
     if not reassign:
-        for table in dataset.scan(["page_id", "meta"]):
+        for table in dataset.scan(["meta"]):
             for meta_json in table.column("meta").to_pylist():
-                split = json.loads(meta_json).get(SPLIT_KEY) if f'"{SPLIT_KEY}"' in meta_json else None
+                meta = json.loads(meta_json) if f'"{SPLIT_KEY}"' in meta_json else {}
+                split = meta.get(SPLIT_KEY)
                 if split is None:
                     continue
                 if split not in ratios:
                     unknown.add(split)
-                group = document_group(meta_json, group_by)
+                group = document_group(meta, group_by)
                 if group is not None:
                     group_split.setdefault(group, split)
     if unknown:

@@ -67,6 +67,10 @@ class Journal:
                 if isinstance(record, dict):
                     yield record
 
+    def latest_done(self) -> dict[str, dict]:
+        """Per page id, its last record with status ``done`` (later runs supersede earlier ones)."""
+        return {record["page_id"]: record for record in self.records() if record.get("status") == "done"}
+
     def append(self, record: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"

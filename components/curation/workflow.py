@@ -83,13 +83,13 @@ def preannotate_shard(cfg: PipelineConfig, unit: dict) -> dict:
     section = cfg.curation.preannotation
     annotator = make_preannotator({"backend": section.backend, **section.options})
     dataset = PageDataset(cfg.pages_dir)
-    page_ids = dataset.unit_page_ids(unit)
-    todo = [page.page_id for page in dataset.iter_pages(page_ids=page_ids)
+    pages = dataset.unit_pages(unit)
+    todo = [page.page_id for page in pages
             if (page.meta.get("preannotation") or {}).get("model_version") != annotator.model_version]
     out = PageDataset(cfg.run_dir / "preannotation" / unit["shard"].removesuffix(".parquet"))
     report = preannotate_dataset(dataset, annotator, out=out, page_ids=todo)
     return {"shard": unit["shard"], "out": str(out.root), "annotated": len(report.annotated),
-            "skipped": len(report.skipped) + len(page_ids) - len(todo), "failed": report.failed,
+            "skipped": len(report.skipped) + len(pages) - len(todo), "failed": report.failed,
             "seconds": round(report.seconds, 1), "model_version": annotator.model_version}
 
 

@@ -158,10 +158,6 @@ class PageDataset:
         self.root = Path(root)
         self._new_shard_rows = shard_rows or DEFAULT_SHARD_ROWS
 
-    @property
-    def shard_rows(self) -> int:
-        return int(self._read_index().get("shard_rows", self._new_shard_rows))
-
     # ----- layout ----------------------------------------------------------------------------
     @property
     def shards_dir(self) -> Path:
@@ -265,11 +261,7 @@ class PageDataset:
         return self.get_many([page_id]).get(page_id)
 
     def __contains__(self, page_id: object) -> bool:
-        if not isinstance(page_id, str) or not self.exists():
-            return False
-        index = self._read_index()
-        with self._id_index(index) as db:
-            return bool(self._locate(db, [page_id]))
+        return isinstance(page_id, str) and page_id in self.shard_of([page_id])
 
     def get_many(self, page_ids: Iterable[str]) -> dict[str, Page]:
         wanted = list(dict.fromkeys(page_ids))
@@ -352,6 +344,12 @@ class PageDataset:
         if unit["page_ids"] is not None:
             return list(unit["page_ids"])
         return self._shard_table(unit["shard"], ["page_id"]).column("page_id").to_pylist()
+
+    def unit_pages(self, unit: dict) -> list[Page]:
+        """The pages of a :meth:`shard_units` unit (a whole shard is read in one pass)."""
+        if unit["page_ids"] is None:
+            return self.shard_pages(unit["shard"])
+        return list(self.iter_pages(page_ids=unit["page_ids"]))
 
     def ids(self, limit: int | None = None) -> list[str]:
         """Every page id (or the first ``limit``), in order of first appearance."""
@@ -544,11 +542,10 @@ class PageDataset:
             index = self._read_index()
             with self._id_index(index) as db:
                 located = self._locate(db, list(batch))
-                shards = [ShardInfo(**s) for s in index["shards"]]
                 dead: dict[str, int] = {}
                 for shard, _, _ in located.values():
                     dead[shard] = dead.get(shard, 0) + 1
-                shards = [ShardInfo(s.name, s.seq, s.rows, s.dead + dead.get(s.name, 0)) for s in shards]
+                shards = [ShardInfo(s["name"], s["seq"], s["rows"], s["dead"] + dead.get(s["name"], 0)) for s in index["shards"]]
                 next_ord, seq, id_rows = index["next_ord"], index["next_seq"], []
                 items = list(batch.values())
                 for start in range(0, len(items), index["shard_rows"]):
@@ -564,16 +561,17 @@ class PageDataset:
                     seq += 1
                     shards.append(shard)
                     id_rows += [(p.page_id, shard.name, row, o) for row, (p, o) in enumerate(zip(chunk, ords, strict=True))]
-                shards, seq, moved = self._compact(db, shards, seq, id_rows) if compact else (shards, seq, id_rows)
+                shards, moved = self._compact(db, shards, id_rows, index["shard_rows"]) if compact else (shards, id_rows)
                 index = {**index, "next_seq": seq, "next_ord": next_ord}
                 self._commit(db, index, shards, moved)
 
-    def _compact(self, db: sqlite3.Connection, shards: list[ShardInfo], seq: int,
-                 pending: list[tuple[str, str, int, int]]) -> tuple[list[ShardInfo], int, list]:
-        """Drop empty shards, rewrite mostly-dead ones, merge a tail run of small ones.
+    def _compact(self, db: sqlite3.Connection, shards: list[ShardInfo], pending: list[tuple[str, str, int, int]],
+                 limit: int) -> tuple[list[ShardInfo], list]:
+        """Drop empty shards, rewrite mostly-dead ones, merge a tail run of small ones (into at most
+        ``limit`` rows). A rewritten shard keeps the sequence position of what it replaces.
 
         ``pending`` holds the id rows of shards written by this commit (not yet in the id index);
-        returns the shards, the next sequence number and every id row to record."""
+        returns the shards and every id row to record."""
         pending_by_id = {row[0]: row for row in pending}
 
         def live_ids(shard: ShardInfo) -> set[str]:
@@ -602,7 +600,6 @@ class PageDataset:
                 shard, rows = rewrite([shard], shard.seq)
                 rows_by_id.update((row[0], row) for row in rows)
             result.append(shard)
-        limit = self._read_index().get("shard_rows", self._new_shard_rows)
         tail = 0
         while tail < len(result) and result[-1 - tail].live * 2 < limit:
             tail += 1
@@ -617,15 +614,15 @@ class PageDataset:
                 merged, rows = rewrite(take, max(s.seq for s in take))
                 result = [*result[: -len(take)], merged]
                 rows_by_id.update((row[0], row) for row in rows)
-        return result, seq, list(rows_by_id.values())
+        return result, list(rows_by_id.values())
 
     def compact(self) -> None:
         """Compaction on demand (also runs as part of every upsert)."""
         with self._writer():
             index = self._require()
             with self._id_index(index) as db:
-                shards, seq, rows = self._compact(db, [ShardInfo(**s) for s in index["shards"]], index["next_seq"], [])
-                self._commit(db, {**index, "next_seq": seq}, shards, rows)
+                shards, rows = self._compact(db, [ShardInfo(**s) for s in index["shards"]], [], index["shard_rows"])
+                self._commit(db, index, shards, rows)
 
 
 def migrate_jsonl(root: str | os.PathLike, *, shard_rows: int | None = None, keep: bool = False) -> int:

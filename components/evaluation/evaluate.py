@@ -72,7 +72,8 @@ class EvaluationReport:
             "n_pages": self.n_pages,
             "baseline": self.baseline,
             "decoders": {
-                name: {k: v for k, v in asdict(ev).items() if k not in ("pages", "outputs", "texts", "page_scores", "results")}
+                # vars, not asdict: asdict would deep-copy the per-page scores and results only to drop them
+                name: {k: v for k, v in vars(ev).items() if k not in ("pages", "outputs", "texts", "page_scores", "results")}
                 | {"overall": ev.overall}
                 for name, ev in self.decoders.items()
             },

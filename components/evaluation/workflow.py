@@ -56,7 +56,7 @@ def evaluation_units(cfg: PipelineConfig, model_dir: Path) -> list[dict]:
 def evaluate_shard(cfg: PipelineConfig, model_dir: Path, unit: dict) -> EvaluationReport:
     """Every configured decoder on the pages of one store shard."""
     dataset = PageDataset(cfg.evaluation_dir)
-    pages = list(dataset.iter_pages(page_ids=dataset.unit_page_ids(unit)))
+    pages = dataset.unit_pages(unit)
     return evaluate_decoders(DecodingEngine.from_pretrained(model_dir), dataset, decoder_params(cfg), pages=pages)
 
 

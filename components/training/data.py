@@ -100,6 +100,7 @@ class ShardedExamples(Sequence[Example]):
         self.cache_key = hashlib.sha256(vocab.encode()).hexdigest()[:16]
         self._loaded: OrderedDict[int, dict] = OrderedDict()
         self._in_memory = shards_in_memory
+        self._statistics: dict[str, float] | None = None
 
     def __len__(self) -> int:
         return self.offsets[-1]
@@ -109,7 +110,13 @@ class ShardedExamples(Sequence[Example]):
         return [s.live for s in self.shards]
 
     def _cache_path(self, shard: ShardInfo) -> Path:
-        return self.store.root / TOKEN_CACHE_DIR / f"{shard.name.removesuffix('.parquet')}-{self.cache_key}.npz"
+        """Shard files never change, but their live rows do (a newer shard supersedes some): a shard
+        with dead rows is cached under the hash of its live ids too."""
+        tag = shard.name.removesuffix(".parquet")
+        if shard.dead:
+            live = self.store.unit_page_ids({"shard": shard.name, "page_ids": None})
+            tag += "-" + hashlib.sha256("\n".join(live).encode()).hexdigest()[:12]
+        return self.store.root / TOKEN_CACHE_DIR / f"{tag}-{self.cache_key}.npz"
 
     def _tokenise(self, shard: ShardInfo) -> dict:
         pages = self.store.shard_pages(shard)
@@ -154,7 +161,10 @@ class ShardedExamples(Sequence[Example]):
         return arrays
 
     def prepare(self) -> dict[str, float]:
-        """Tokenise (or read) every shard once, validating every record; returns token statistics."""
+        """Tokenise (or read) every shard once, validating every record; returns token statistics
+        (computed on the first call, which reads every shard's cache; later calls reuse them)."""
+        if self._statistics is not None:
+            return self._statistics
         count = total = longest = truncated = 0
         for index in range(len(self.shards)):
             arrays = self._load(index)
@@ -162,7 +172,9 @@ class ShardedExamples(Sequence[Example]):
             count, total = count + len(lengths), total + int(lengths.sum())
             longest = max(longest, int(lengths.max(initial=0)))
             truncated += int((~arrays["ends_with_eos"]).sum())
-        return {"n_examples": count, "mean_tokens": total / max(count, 1), "max_tokens": longest, "truncated": truncated}
+        self._statistics = {"n_examples": count, "mean_tokens": total / max(count, 1), "max_tokens": longest,
+                            "truncated": truncated}
+        return self._statistics
 
     def __getitem__(self, position: int) -> Example:  # type: ignore[override]
         if not 0 <= position < len(self):

@@ -47,10 +47,7 @@ def _meta_record(record: dict) -> dict:
 
 def _fold(dataset: PageDataset, target: PageDataset, journal: Journal) -> int:
     """Write every journaled annotation into the target manifest (atomically). Returns pages changed."""
-    latest: dict[str, dict] = {}
-    for record in journal.records():
-        if record.get("status") == "done":
-            latest[record["page_id"]] = record
+    latest = journal.latest_done()
     if not latest:
         return 0
     in_place = target.root.resolve() == dataset.root.resolve()
