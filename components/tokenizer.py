@@ -73,3 +73,9 @@ def special_token_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:
     ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in
            [("pad_token_id", PAD), ("bos_token_id", BOS), ("eos_token_id", EOS), ("init_token_id", INIT), ("mask_token_id", MASK)]}
     return ids
+
+
+def all_special_ids(tokenizer) -> set[int]:
+    """Ids of every special token of ``tokenizer`` (named ones and added tokens marked special):
+    none of them is markup, so decoders never emit them and corrupt drafts never use them."""
+    return set(tokenizer.all_special_ids) | {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}

@@ -13,6 +13,7 @@ import functools
 import itertools
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -33,7 +34,7 @@ from transformers import (
 )
 from transformers.configuration_utils import SubConfigSpec
 
-from models.interface import PagePrefix
+from models.interface import SPECIAL_ID_NAMES, PagePrefix
 from models.static_decoder import StaticQwen2Decoder
 
 
@@ -181,7 +182,7 @@ def attention_implementations(preferred: str = "sdpa") -> tuple[str, str]:
 
 
 class DocVLMForConditionalGeneration(PreTrainedModel):
-    """Vision prefix + causal decoder. Implements :class:`models.interface.MarkupLM`."""
+    """Vision prefix + causal decoder. Implements :class:`models.interface.TrainableMarkupLM`."""
 
     config_class = DocVLMConfig
     base_model_prefix = "docvlm"
@@ -215,6 +216,10 @@ class DocVLMForConditionalGeneration(PreTrainedModel):
         """A picklable CPU preprocessor (for DataLoader worker processes)."""
         return functools.partial(page_pixels, image_size=tuple(self.config.image_size), ink_scale=self.config.ink_scale)
 
+    def encode_pages(self, pixel_values: torch.Tensor) -> PagePrefix:
+        """The training interface's name for :meth:`encode_images` (page inputs are pixels here)."""
+        return self.encode_images(pixel_values.to(self.device))
+
     def encode_images(self, pixel_values: torch.Tensor) -> PagePrefix:
         """Patch features, merged spatially and projected to the decoder's width."""
         features = pixel_values.to(self.dtype)
@@ -227,6 +232,33 @@ class DocVLMForConditionalGeneration(PreTrainedModel):
         grid = hidden.reshape(batch, rows // merge, merge, cols // merge, merge, dim)
         merged = grid.permute(0, 1, 3, 2, 4, 5).reshape(batch, (rows // merge) * (cols // merge), merge * merge * dim)
         return PagePrefix(embeds=self.projector(merged))
+
+    # ----- special ids and vocabulary (training interface) ----------------------------------
+    @property
+    def special_ids(self) -> dict[str, int]:
+        ids = {name: getattr(self.config, f"{name}_token_id") for name in SPECIAL_ID_NAMES}
+        if any(v is None for v in ids.values()):
+            raise ValueError(f"model config lacks special token ids: {ids}")
+        return ids
+
+    @property
+    def vocab_size(self) -> int:
+        return self.language_model.get_output_embeddings().weight.shape[0]
+
+    @vocab_size.setter
+    def vocab_size(self, _value: int) -> None:
+        """``resize_token_embeddings`` assigns it; the size is read off the output layer."""
+
+    def draft_token_ids(self) -> torch.Tensor:
+        """Our tokenizers put their special tokens first, so content is every id above them."""
+        return torch.arange(max(self.special_ids.values()) + 1, self.vocab_size)
+
+    def save_folder(self, path: Path, tokenizer, state_dict: dict | None = None) -> Path:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.save_pretrained(str(path), state_dict=state_dict)
+        tokenizer.save_pretrained(str(path))
+        return path
 
     # ----- text side --------------------------------------------------------------------
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -1,20 +1,45 @@
-"""What the decoding engine needs from a model, so one engine serves every checkpoint family."""
+"""The one model interface: what the decoding engine and the training objectives need from a model.
+
+Every checkpoint family (our DocVLM, the Hugging Face doc VLMs behind
+:mod:`models.hf_adapter`) implements both halves, so one engine decodes and one objective mix
+trains them all. The engine's token stream starts at a ``<bos>`` (position 0 after the page
+prefix); a chat model maps it onto its chat prompt (see the adapter), so the prompt a page is
+trained with is the prompt it is decoded with.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from PIL import Image
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedTokenizerBase
+
+SPECIAL_ID_NAMES = ("bos", "eos", "pad", "init", "mask")
 
 
 @dataclass
 class PagePrefix:
-    """Image features already in the decoder's embedding space, shape (B, P, H)."""
+    """Encoded pages: whatever a model's forward needs before the markup tokens.
+
+    ``embeds`` (B, P, H): image features already in the decoder's embedding space (DocVLM). Chat
+    models subclass it with their prompt, validity mask and M-RoPE positions.
+    """
 
     embeds: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        """P: the number of positions the prefix takes before the engine's position 0 (``<bos>``)."""
+        return self.embeds.shape[1]
+
+
+# The CPU-side page inputs a preprocessor makes (a tensor, or a processor's BatchFeature): both
+# move with ``.to(device)``; built in DataLoader workers, consumed by ``encode_pages``.
+PageInputs = Any
 
 
 @runtime_checkable
@@ -38,3 +63,41 @@ class MarkupLM(Protocol):
     def forward_tokens(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor, cache: DynamicCache
     ) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class TrainableMarkupLM(MarkupLM, Protocol):
+    """The training half, what :class:`components.training.mix.ObjectiveMix`, the streams, the
+    collation and the trainer use.
+
+    * ``cpu_preprocessor()``: a picklable ``images -> PageInputs`` run in DataLoader workers
+      (pages of any size; a chat model renders its prompt and left-pads here).
+    * ``encode_pages(inputs)``: the pages' :class:`PagePrefix`, with gradient.
+    * ``forward(input_ids, attention_mask, position_ids, prefix)``: token streams after the
+      prefix. ``attention_mask`` (B, 1, P+T, P+T) bool over prefix + tokens; ``position_ids``
+      (B, P+T) engine positions (prefix slot i at i, token k at P + k), which the model maps to
+      its own (1-D, or M-RoPE with the row's offset). Returns ``{"logits": (B, T, V)}``.
+    * ``special_ids``: bos (or its stand-in), eos, pad, ``<INIT>``, ``<MASK>``;
+      ``vocab_size``: rows of the output layer; ``draft_token_ids()``: the ids a corrupt draft
+      may use (real content tokens, never a special or a padded vocabulary row).
+    * ``save_folder(path, tokenizer, state_dict)``: a folder :func:`models.loading.load_markup_model`
+      loads (``state_dict``: other weights under the model's own names, e.g. LoRA-merged ones).
+    """
+
+    special_ids: dict[str, int]
+    vocab_size: int
+    dtype: torch.dtype
+
+    def cpu_preprocessor(self) -> Callable[[list[Image.Image]], PageInputs]: ...
+
+    def encode_pages(self, inputs: PageInputs) -> PagePrefix: ...
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, prefix: PagePrefix
+    ) -> dict[str, torch.Tensor]: ...
+
+    def draft_token_ids(self) -> torch.Tensor: ...
+
+    def save_folder(
+        self, path: Path, tokenizer: PreTrainedTokenizerBase, state_dict: dict[str, torch.Tensor] | None = None
+    ) -> Path: ...

@@ -2,7 +2,8 @@
 
 A model folder holds ``config.json`` + weights + tokenizer files (what ``save_pretrained``
 writes). The config's ``model_type`` picks the family: ``docvlm`` is ours; Qwen2-VL-style
-checkpoints (dots.ocr, Qwen2-VL, Qwen2.5-VL) go through :mod:`models.qwen2_vl_adapter`.
+checkpoints of the Hugging Face doc-VLM families (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, PaddleOCR-VL) go
+through :mod:`models.hf_adapter`.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import threading
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from components.tokenizer import SPECIAL_TOKENS, load_tokenizer, special_token_ids
 from models.docvlm import DocVLMConfig, DocVLMForConditionalGeneration, base_config, tiny_config
-from models.interface import MarkupLM
+from models.hf_adapter import SUPPORTED_MODEL_TYPES, HFMarkupModel
+from models.interface import MarkupLM, TrainableMarkupLM
 
-QWEN2_VL_FAMILY = ("qwen2_vl", "qwen2_5_vl", "dots_ocr")
+SUPPORTED_FAMILIES = ("docvlm", *SUPPORTED_MODEL_TYPES)
 
 
 class ModelLoadError(RuntimeError):
@@ -58,26 +60,28 @@ def model_fingerprint(path: str | Path) -> str:
 
 
 def load_markup_model(
-    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, prompt: str | None = None
 ) -> tuple[MarkupLM, PreTrainedTokenizerFast]:
-    """The model (in eval mode) and its tokenizer, ready for the decoding engine (thread-safe)."""
+    """The model (in eval mode) and its tokenizer, ready for the decoding engine (thread-safe).
+
+    ``prompt``: the instruction in a chat model's page prompt (default
+    :data:`models.hf_adapter.DEFAULT_PROMPT`; PaddleOCR-VL is trained on ``OCR:``); DocVLM has none.
+    """
     with _LOAD_LOCK:
-        return _load_markup_model(Path(path), device, dtype)
+        return _load_markup_model(Path(path), device, dtype, prompt)
 
 
 def _load_markup_model(
-    path: Path, device: str | torch.device, dtype: torch.dtype | None
+    path: Path, device: str | torch.device, dtype: torch.dtype | None, prompt: str | None
 ) -> tuple[MarkupLM, PreTrainedTokenizerFast]:
     family = model_family(path)
     if family == "docvlm":
         model = DocVLMForConditionalGeneration.from_pretrained(str(path), dtype=dtype or torch.float32)
         tokenizer = load_tokenizer(path)
-    elif family in QWEN2_VL_FAMILY:
-        from models.qwen2_vl_adapter import Qwen2VLMarkupModel
-
-        model, tokenizer = Qwen2VLMarkupModel.load(path, dtype=dtype)
+    elif family in SUPPORTED_MODEL_TYPES or family == "dots_ocr":  # dots.ocr gets the adapter's explanation
+        model, tokenizer = HFMarkupModel.load(path, dtype=dtype, **({"prompt": prompt} if prompt else {}))
     else:
-        raise ModelLoadError(f"unsupported model family {family!r} at {path}; supported: docvlm, {', '.join(QWEN2_VL_FAMILY)}")
+        raise ModelLoadError(f"unsupported model family {family!r} at {path}; supported: {', '.join(SUPPORTED_FAMILIES)}")
     model.to(device).eval()
     return model, tokenizer
 
@@ -98,12 +102,8 @@ def new_tiny_model(
     return DocVLMForConditionalGeneration(config).eval()
 
 
-def save_markup_model(model: DocVLMForConditionalGeneration, tokenizer: PreTrainedTokenizerFast, path: str | Path,
+def save_markup_model(model: TrainableMarkupLM, tokenizer: PreTrainedTokenizerBase, path: str | Path,
                       state_dict: dict | None = None) -> Path:
-    """``save_pretrained`` of model and tokenizer (``state_dict``: other weights under the same names,
-    e.g. LoRA-merged ones)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(path), state_dict=state_dict)
-    tokenizer.save_pretrained(str(path))
-    return path
+    """Write a folder :func:`load_markup_model` loads, whatever the family (``state_dict``: other
+    weights under the model's own names, e.g. LoRA-merged ones)."""
+    return model.save_folder(Path(path), tokenizer, state_dict)

@@ -17,9 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-# Families whose folders the engine serves today (models.qwen2_vl_adapter) plus our own DocVLM.
-TINY_FAMILIES = ("docvlm", "qwen2_vl", "qwen2_5_vl")
-PLANNED_FAMILIES = ("qwen3_vl", "paddleocr_vl")  # native in transformers 5.x; the adapter does not drive them yet
+from models.hf_adapter import SUPPORTED_MODEL_TYPES
+
+# Our own DocVLM plus every Hugging Face family the adapter trains and decodes.
+TINY_FAMILIES = ("docvlm", *SUPPORTED_MODEL_TYPES)
 
 # Qwen2.5-VL-3B-Instruct's config.json values (text: 36 x 2048, GQA 16/2, vocab 151936, tied
 # embeddings; vision: 32 x 1280 with window attention).
@@ -48,8 +49,7 @@ def write_tiny(family: str, out: Path, seed: int = 0, n_texts: int = 300) -> Pat
     from components.data.synthetic import generate_page
 
     if family not in TINY_FAMILIES:
-        planned = f" ({family} is planned: its folders cannot be decoded yet)" if family in PLANNED_FAMILIES else ""
-        raise ValueError(f"unsupported family {family!r}{planned}; supported: {', '.join(TINY_FAMILIES)}")
+        raise ValueError(f"unsupported family {family!r}; supported: {', '.join(TINY_FAMILIES)}")
     texts = [generate_page(s)[0].markup for s in range(n_texts)]
     if family == "docvlm":
         from components.tokenizer import train_markup_tokenizer
@@ -57,9 +57,9 @@ def write_tiny(family: str, out: Path, seed: int = 0, n_texts: int = 300) -> Pat
 
         tokenizer = train_markup_tokenizer(texts, vocab_size=512)
         return save_markup_model(new_tiny_model(tokenizer, seed=seed), tokenizer, out)
-    from models.qwen2_vl_adapter import save_tiny_qwen2_vl
+    from models.hf_adapter import save_tiny_hf_vlm
 
-    return save_tiny_qwen2_vl(out, texts, model_type=family, seed=seed)
+    return save_tiny_hf_vlm(out, texts, model_type=family, seed=seed)
 
 
 def write_config_preset(family: str, preset: str, out: Path) -> Path:

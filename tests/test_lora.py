@@ -11,21 +11,30 @@ from safetensors import safe_open
 from components.data.synthetic import generate_dataset, generate_page
 from components.training.config import load_train_config
 from components.training.lora import apply_lora, merged_state_dict
+from components.training.streams import compose
 from components.training.trainer import run_training
-from models.loading import load_markup_model, new_tiny_model, save_markup_model
+from models.loading import load_markup_model, save_markup_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _logits(model, tokenizer) -> torch.Tensor:
+    """A causal forward over one page through the training interface (any family)."""
     image = generate_page(3)[1]
-    ids = torch.tensor([tokenizer("<table><tr><td>model</td></tr></table>")["input_ids"]])
+    body = tokenizer("<table><tr><td>model</td></tr></table>", add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([[tokenizer.bos_token_id, *body]])
     with torch.no_grad():
-        return model(pixel_values=model.preprocess([image]), input_ids=ids)["logits"]
+        prefix = model.encode_pages(model.cpu_preprocessor()([image]))
+        layout = compose(ids, [], prefix.length)
+        return model(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
+                     position_ids=layout.position_ids, prefix=prefix)["logits"]
 
 
-def test_the_merged_folder_computes_what_the_adapted_model_computes(tokenizer, tmp_path):
-    model = new_tiny_model(tokenizer, seed=1)
+@pytest.mark.parametrize("family", ["docvlm", "qwen2_5_vl"])
+def test_the_merged_folder_computes_what_the_adapted_model_computes(family, tmp_path):
+    from models.tiny import write_tiny
+
+    model, tokenizer = load_markup_model(write_tiny(family, tmp_path / "base", seed=1, n_texts=40))
     before = _logits(model, tokenizer)
     counts = apply_lora(model, r=4, alpha=8.0)
     assert 0 < counts["trainable"] < counts["parameters"] / 5

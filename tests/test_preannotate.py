@@ -18,6 +18,7 @@ from components.curation.preannotate import (
     AnnotatorUnavailableError,
     BackendNotInstalledError,
     ModelAnnotator,
+    ModelAnnotatorConfig,
     PaddleOCRVLPipelineAnnotator,
     PaddleOCRVLServerAnnotator,
     PaddleOCRVLServerConfig,
@@ -86,7 +87,7 @@ def test_factory_selects_backends_and_rejects_bad_config(curation_model_dir):
     assert isinstance(make_preannotator(), RapidOCRAnnotator)
     assert isinstance(make_preannotator({"backend": "rapidocr", "threads": 1}), RapidOCRAnnotator)
     model = make_preannotator({"backend": "model", "model_dir": str(curation_model_dir), "max_new_tokens": 8})
-    assert isinstance(model, ModelAnnotator) and model.model_version.startswith("model:")
+    assert isinstance(model, ModelAnnotator) and model.model_version.startswith("docvlm:")
     server = make_preannotator({"backend": "paddleocr_vl_server", "url": "http://127.0.0.1:1/v1", "model": "m"})
     assert isinstance(server, PaddleOCRVLServerAnnotator) and server.base_url == "http://127.0.0.1:1/v1"
     with pytest.raises(ValueError, match=r"unknown pre-annotation backend 'tesseract'.*rapidocr"):
@@ -170,13 +171,28 @@ def test_rapidocr_blank_page_has_no_markup_and_zero_confidence():
 
 # ----- our model ------------------------------------------------------------------------------
 def test_model_annotator_confidence_is_mean_token_probability(curation_model_dir):
-    annotator = ModelAnnotator.from_pretrained(curation_model_dir, max_new_tokens=MAX_TOKENS, model_version="tiny-v1")
+    annotator = ModelAnnotator.from_config(ModelAnnotatorConfig(curation_model_dir, max_new_tokens=MAX_TOKENS, model_version="tiny-v1"))
     page, image = generate_page(1)
     annotation = annotator.annotate(image, page.page_id)
     [result] = annotator.engine.generate([image], annotator.params)
     assert annotation.markup == strip_image_tokens(result.text)
     assert annotation.confidence == pytest.approx(sum(result.confidences) / len(result.confidences))
     assert 0.0 < annotation.confidence < 1.0 and annotation.model_version == "tiny-v1"
+
+
+def test_paddleocr_vl_through_transformers_runs_on_our_engine_with_its_ocr_prompt(tmp_path, curation_model_dir):
+    from models.tiny import write_tiny
+
+    folder = write_tiny("paddleocr_vl", tmp_path / "paddleocr-vl", n_texts=20)
+    annotator = make_preannotator({"backend": "paddleocr_vl_transformers", "model_dir": str(folder), "max_new_tokens": 8})
+    assert type(annotator.engine.model).__name__ == "HFMarkupModel" and annotator.engine.model.prompt == "OCR:"
+    assert "OCR:" in annotator.engine.model.chat_prompt()
+    page, image = generate_page(2)
+    annotation = annotator.annotate(image, page.page_id)
+    assert annotation.model_version.startswith("paddleocr_vl:") and 0.0 < annotation.confidence <= 1.0
+    assert annotation.extra["new_tokens"] > 0
+    with pytest.raises(ValueError, match="holds a 'docvlm' model; this backend needs a 'paddleocr_vl' folder"):
+        make_preannotator({"backend": "paddleocr_vl_transformers", "model_dir": str(curation_model_dir)})
 
 
 # ----- running over a dataset -----------------------------------------------------------------
@@ -202,7 +218,7 @@ class CountingAnnotator:
 
 @pytest.fixture(scope="module")
 def model_annotator(curation_model_dir):
-    return ModelAnnotator.from_pretrained(curation_model_dir, max_new_tokens=MAX_TOKENS, model_version="tiny-v1")
+    return ModelAnnotator.from_config(ModelAnnotatorConfig(curation_model_dir, max_new_tokens=MAX_TOKENS, model_version="tiny-v1"))
 
 
 def _dataset_with_corrupt_page(root, n_pages: int = 5) -> PageDataset:

@@ -298,7 +298,7 @@ def _two_page_batch(tokenizer, model, max_tokens: int):
     for row, (ids, _) in enumerate(encoded):
         tokens[row, : len(ids)] = torch.tensor(ids)
     return Batch(
-        pixel_values=model.preprocess([image for _, image in pages]), tokens=tokens,
+        pages=model.preprocess([image for _, image in pages]), tokens=tokens,
         lengths=torch.tensor([len(ids) for ids, _ in encoded]), ends_with_eos=torch.tensor([f for _, f in encoded]),
         weights=torch.ones(2), page_ids=["a", "b"],
     )
@@ -423,7 +423,7 @@ def test_look_ahead_reward_reads_each_candidate(tokenizer, monkeypatch):
     model, mix, batch = _darl_setup(tokenizer, monkeypatch, temperature=5.0)
     mix(batch, torch.Generator().manual_seed(0))
     with torch.no_grad():
-        prefix = model.encode_images(batch.pixel_values)
+        prefix = model.encode_pages(batch.pages)
     candidates, rerun = captured["candidates"], captured["rerun"]
     assert len({tuple(c.tolist()) for c in candidates[0]}) > 1  # the candidates really differ
     for b, committed in enumerate((2, 5)):

@@ -33,6 +33,7 @@ from components.decoding.ppc import PrefixCommitmentStrategy
 from components.decoding.sdb import SlidingDiffusionBlockStrategy
 from components.decoding.strategy import SpecialIds, Strategy
 from components.decoding.types import CommitEvent, DecodeParams, DecodeResult, DecodeStats, RowState
+from components.tokenizer import all_special_ids
 from models.interface import MarkupLM
 from models.static_decoder import StaticKV
 
@@ -50,7 +51,7 @@ def special_ids_of(tokenizer: PreTrainedTokenizerFast) -> SpecialIds:
     lookup = tokenizer.convert_tokens_to_ids
     ids = SpecialIds(
         bos=tokenizer.bos_token_id, eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id,
-        init=lookup("<INIT>"), mask=lookup("<MASK>"),
+        init=lookup("<INIT>"), mask=lookup("<MASK>"), other_specials=tuple(sorted(all_special_ids(tokenizer))),
     )
     if None in (ids.bos, ids.eos, ids.pad):
         raise ValueError("tokenizer must define <bos>, <eos> and <pad>")
@@ -67,10 +68,11 @@ class DecodingEngine:
         self.static_cache = static_cache
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, device: str = "cpu", static_cache: bool = True) -> DecodingEngine:
+    def from_pretrained(cls, path: str | Path, device: str = "cpu", static_cache: bool = True,
+                        prompt: str | None = None) -> DecodingEngine:
         from models.loading import load_markup_model
 
-        model, tokenizer = load_markup_model(path, device=device)
+        model, tokenizer = load_markup_model(path, device=device, prompt=prompt)
         return cls(model, tokenizer, static_cache=static_cache)
 
     @property

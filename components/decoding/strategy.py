@@ -16,10 +16,13 @@ class SpecialIds:
     pad: int
     init: int
     mask: int
+    other_specials: tuple[int, ...] = ()  # the tokenizer's other special tokens (image placeholders, <unk>, ...)
 
     @property
     def banned_outputs(self) -> torch.Tensor:
-        return torch.tensor([self.bos, self.pad, self.init, self.mask])
+        """Every special id but eos: none is markup, and a chat model's image placeholder fed back
+        as a token would even ask its forward for image features."""
+        return torch.tensor(sorted({self.bos, self.pad, self.init, self.mask, *self.other_specials} - {self.eos}))
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -190,15 +191,20 @@ class TrainConfig(_Strict):
                             self.pabdm.block_length if "pabdm_csl" in active else 0)
         if longest_block > self.data.max_tokens:
             raise ValueError(f"block length {longest_block} exceeds data.max_tokens {self.data.max_tokens}")
-        self.check_schedule()
         return self
 
-    def check_schedule(self) -> None:
-        """A decaying schedule needs steps after its warmup (checked again once epochs become steps)."""
+    def with_feasible_warmup(self) -> TrainConfig:
+        """A decaying schedule needs steps after its warmup (checked again once epochs become steps).
+
+        A run shorter than its warmup is a smoke run (``--set train.steps=3`` on a shipped recipe):
+        it warms up for half its steps instead, and says so.
+        """
         steps = self.train.steps
         if steps is not None and self.optim.schedule != "constant" and self.optim.warmup_steps >= steps:
-            raise ValueError(f"optim.schedule {self.optim.schedule!r} decays after warmup, but warmup_steps "
-                             f"({self.optim.warmup_steps}) >= train.steps ({steps})")
+            warnings.warn(f"optim.warmup_steps ({self.optim.warmup_steps}) >= train.steps ({steps}): warming up "
+                          f"for {steps // 2} steps so the {self.optim.schedule!r} schedule still decays", stacklevel=3)
+            return self.model_copy(update={"optim": self.optim.model_copy(update={"warmup_steps": steps // 2})})
+        return self
 
     def with_steps_for(self, n_examples: int, global_batch: int) -> TrainConfig:
         """The config with ``train.epochs`` turned into optimizer steps over ``n_examples`` broad
@@ -207,8 +213,7 @@ class TrainConfig(_Strict):
             return self
         steps = max(1, math.ceil(self.train.epochs * n_examples / global_batch))
         resolved = self.model_copy(update={"train": self.train.model_copy(update={"steps": steps})})
-        resolved.check_schedule()
-        return resolved
+        return resolved.with_feasible_warmup()
 
     @property
     def active_objectives(self) -> dict[str, float]:
@@ -287,7 +292,7 @@ def parse_train_config(raw: dict[str, Any], source: str = "<dict>", check_paths:
             f"invalid training config {source}: model.init_from {config.path(config.model.init_from)} is not a model "
             "folder (no config.json); train the previous stage first or point it at a saved model"
         )
-    return config
+    return config.with_feasible_warmup()
 
 
 def load_train_config(

@@ -31,6 +31,7 @@ from transformers import PreTrainedTokenizerFast
 from components.data.page_store import PageDataset, ShardInfo
 from components.data.pages import InvalidPageError, load_image
 from components.training.objectives import consistency_weights
+from models.interface import PageInputs
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Example:
 class Batch:
     """One micro-batch, already on the training device."""
 
-    pixel_values: torch.Tensor  # (B, C, H, W)
+    pages: PageInputs  # what the model's cpu_preprocessor made of the page images
     tokens: torch.Tensor  # (B, T) padded with <pad>
     lengths: torch.Tensor  # (B,)
     ends_with_eos: torch.Tensor  # (B,) bool
@@ -55,13 +56,20 @@ class Batch:
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Batch:
         return Batch(
-            pixel_values=self.pixel_values.to(device, dtype or self.pixel_values.dtype),
+            pages=_move_pages(self.pages, device, dtype),
             tokens=self.tokens.to(device),
             lengths=self.lengths.to(device),
             ends_with_eos=self.ends_with_eos.to(device),
             weights=self.weights.to(device),
             page_ids=self.page_ids,
         )
+
+
+def _move_pages(pages: PageInputs, device: torch.device | str, dtype: torch.dtype | None) -> PageInputs:
+    """A pixel tensor, or a processor's BatchFeature (whose ``to`` casts only floating tensors)."""
+    if isinstance(pages, torch.Tensor):
+        return pages.to(device, dtype or pages.dtype)
+    return pages.to(device=device, dtype=dtype) if dtype is not None else pages.to(device=device)
 
 
 def encode_markup(tokenizer: PreTrainedTokenizerFast, markup: str, max_tokens: int) -> tuple[list[int], bool]:
@@ -304,7 +312,7 @@ class TrainingData:
         plan: BatchPlan,
         pad_id: int,
         consistency_beta: float,
-        preprocess: Callable[[list[Image.Image]], torch.Tensor],
+        preprocess: Callable[[list[Image.Image]], PageInputs],
     ):
         self.sources: dict[str, Sequence[Example]] = {"base": base, "hard": hard or []}
         self.plan = plan
@@ -355,7 +363,7 @@ class _MicroBatches(torch.utils.data.Dataset):
 
 
 def collate(
-    examples: list[Example], pad_id: int, consistency_beta: float, preprocess: Callable[[list[Image.Image]], torch.Tensor]
+    examples: list[Example], pad_id: int, consistency_beta: float, preprocess: Callable[[list[Image.Image]], PageInputs]
 ) -> Batch:
     """Pad token ids to the batch maximum, preprocess images, compute Stage-2 weights."""
     width = max(len(e.token_ids) for e in examples)
@@ -366,7 +374,7 @@ def collate(
         [math.nan if e.consistency is None else e.consistency for e in examples], dtype=torch.float32
     )
     return Batch(
-        pixel_values=preprocess([load_image(e.image_path) for e in examples]),
+        pages=preprocess([load_image(e.image_path) for e in examples]),
         tokens=tokens,
         lengths=torch.tensor([len(e.token_ids) for e in examples]),
         ends_with_eos=torch.tensor([e.ends_with_eos for e in examples]),

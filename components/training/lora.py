@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 # The attention and MLP projections of the text decoder only (``language_model`` in DocVLM and in
-# the Qwen2-VL family); the vision tower, whose ViT layers reuse names like ``q_proj``, stays frozen,
+# every Hugging Face family we load); the vision tower, whose ViT layers reuse names like ``q_proj``, stays frozen,
 # as in the usual Qwen2.5-VL LoRA recipes.
 DECODER_PROJECTIONS = r".*language_model\..*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
-DEFAULT_TARGETS = {"docvlm": DECODER_PROJECTIONS, "qwen2_vl": DECODER_PROJECTIONS, "qwen2_5_vl": DECODER_PROJECTIONS}
+DEFAULT_TARGETS = {family: DECODER_PROJECTIONS for family in ("docvlm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "paddleocr_vl")}
 
 
 def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, target_modules: list[str] | str | None = None,
@@ -30,7 +30,9 @@ def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, tar
     targets = target_modules or DEFAULT_TARGETS.get(model_type)
     if not targets:
         raise ValueError(f"no default LoRA target modules for {model_type!r}; set model.lora.target_modules")
-    inject_adapter_in_model(LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets), model)
+    # peft injects into a transformers model: DocVLM is one, an adapter wraps one as ``.hf``.
+    pretrained = getattr(model, "hf", model)
+    inject_adapter_in_model(LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets), pretrained)
     keep = tuple(trainable or ())
     for name, param in model.named_parameters():
         param.requires_grad = "lora_" in name or any(k in name for k in keep)

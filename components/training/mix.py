@@ -21,27 +21,27 @@ from components.training.config import TrainConfig
 from components.training.darl import darl_rewards, dtpo_loss, group_advantages, sample_candidates
 from components.training.data import Batch
 from components.training.streams import Layout, Stream, block_stream, compose, window_stream
-from models.interface import PagePrefix
+from models.interface import PagePrefix, TrainableMarkupLM
 
 
 class ObjectiveMix(nn.Module):
     """``forward(batch, generator) -> (loss, metrics)``; ``.model`` is the page-to-markup model."""
 
-    def __init__(self, model: nn.Module, config: TrainConfig):
+    def __init__(self, model: TrainableMarkupLM, config: TrainConfig):
         super().__init__()
         self.model = model
         self.weights = config.active_objectives
         self.dar_config, self.darl_config = config.dar, config.darl
         self.block_length = config.block_diffusion.block_length
         self.pabdm_block_length, self.tau = config.pabdm.block_length, config.pabdm.tau
-        cfg = model.config
-        self.ids = {name: getattr(cfg, f"{name}_token_id") for name in ("bos", "eos", "pad", "init", "mask")}
-        if any(v is None for v in self.ids.values()):
-            raise ValueError(f"model config lacks special token ids: {self.ids}")
-        self.vocab_size = cfg.text_config.vocab_size
-        self.content_low = max(self.ids.values()) + 1  # specials come first in our tokenizers
-        banned = torch.zeros(self.vocab_size, dtype=torch.bool)
-        banned[[self.ids[n] for n in ("bos", "pad", "init", "mask")]] = True
+        self.ids = model.special_ids
+        self.vocab_size = model.vocab_size
+        self.register_buffer("draft_ids", model.draft_token_ids(), persistent=False)
+        # What the decoders never emit (every special but eos, and padded vocabulary rows), the
+        # candidates and rewards never use either.
+        banned = torch.ones(self.vocab_size, dtype=torch.bool)
+        banned[self.draft_ids] = False
+        banned[self.ids["eos"]] = False
         self.register_buffer("banned", banned, persistent=False)
 
     # ----- helpers ------------------------------------------------------------------------
@@ -52,13 +52,12 @@ class ObjectiveMix(nn.Module):
         return out["logits"]
 
     def _ban(self, logits: torch.Tensor) -> torch.Tensor:
-        """Decoders never emit bos/pad/INIT/MASK; sampling and rewards follow them."""
         return logits.float().masked_fill(self.banned, float("-inf"))
 
     def _rollout_slot_logits(self, batch: Batch, prefix: PagePrefix, plan: obj.WindowPlan) -> torch.Tensor:
         """Logits predicting each window slot from ``[.. c, <INIT> x w]`` (B, w, V)."""
         inits = torch.full((batch.tokens.shape[0], plan.window), self.ids["init"], device=batch.tokens.device)
-        layout = compose(batch.tokens, [window_stream("rollout", inits, plan.offsets)], prefix.embeds.shape[1])
+        layout = compose(batch.tokens, [window_stream("rollout", inits, plan.offsets)], prefix.length)
         logits = self._logits(layout, prefix)
         return obj.slot_logits(layout.clean_logits(logits), layout.stream_logits(logits, "rollout"), plan)
 
@@ -69,16 +68,15 @@ class ObjectiveMix(nn.Module):
         if mode == "gt":
             return slot_truth.clamp_min(0)
         if mode == "corrupt":
-            return obj.corrupt_drafts(slot_truth, self.dar_config.corrupt_prob, self.content_low, self.vocab_size, generator)
+            return obj.corrupt_drafts(slot_truth, self.dar_config.corrupt_prob, self.draft_ids, generator)
         with torch.no_grad():
-            detached = PagePrefix(embeds=prefix.embeds.detach())
-            return self._ban(self._rollout_slot_logits(batch, detached, plan)).argmax(dim=-1)
+            return self._ban(self._rollout_slot_logits(batch, prefix, plan)).argmax(dim=-1)
 
     # ----- the step -----------------------------------------------------------------------
     def forward(self, batch: Batch, generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         tokens, lengths = batch.tokens, batch.lengths
-        prefix = self.model.encode_images(batch.pixel_values)
-        n_prefix = prefix.embeds.shape[1]
+        prefix = self.model.encode_pages(batch.pages)
+        n_prefix = prefix.length
         streams: list[Stream] = []
         terms: dict[str, torch.Tensor] = {}
         metrics: dict[str, torch.Tensor] = {}

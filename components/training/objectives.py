@@ -145,12 +145,13 @@ def slot_logits(clean_logits: torch.Tensor, window_logits: torch.Tensor, plan: W
 
 
 def corrupt_drafts(
-    truth: torch.Tensor, prob: float, vocab_low: int, vocab_high: int, generator: torch.Generator | None = None
+    truth: torch.Tensor, prob: float, draft_ids: torch.Tensor, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """Ground truth with each token replaced by a random content token with probability ``prob``."""
+    """Ground truth with each token replaced, with probability ``prob``, by a random one of
+    ``draft_ids`` (the model's content tokens, :meth:`TrainableMarkupLM.draft_token_ids`)."""
     noise = torch.rand(truth.shape, generator=generator).to(truth.device) < prob
-    random_ids = torch.randint(vocab_low, vocab_high, truth.shape, generator=generator).to(truth.device)
-    return torch.where(noise, random_ids, truth.clamp_min(0))
+    picks = torch.randint(0, len(draft_ids), truth.shape, generator=generator).to(draft_ids.device)
+    return torch.where(noise, draft_ids[picks].to(truth.device), truth.clamp_min(0))
 
 
 def dar_loss(

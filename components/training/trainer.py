@@ -243,13 +243,8 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
     )
     device = engine.device
     zero_stage = engine.zero_optimization_stage()
-    page_model = engine.module.model
-    # DataLoader workers need a preprocessor that stays on CPU (the batch moves to the device here).
-    preprocess = page_model.cpu_preprocessor() if config.data.workers and hasattr(page_model, "cpu_preprocessor") \
-        else page_model.preprocess
-    if config.data.workers and preprocess == page_model.preprocess:
-        raise ValueError(f"data.workers={config.data.workers} needs a model with cpu_preprocessor(); "
-                         f"{type(page_model).__name__} has none (set data.workers: 0)")
+    # Pages are preprocessed on CPU (in DataLoader workers when data.workers > 0) and moved here.
+    preprocess = engine.module.model.cpu_preprocessor()
     data = TrainingData(base, hard, plan, tokenizer.pad_token_id, config.data.consistency_beta, preprocess)
 
     start_step = 0
@@ -298,7 +293,7 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
             lr = float(engine.get_lr()[0])
             sums: dict[str, float] = {}
             for micro in range(config.train.grad_accum):
-                batch = next(batches).to(device, engine.module.model.dtype if config.data.workers else None)
+                batch = next(batches).to(device, engine.module.model.dtype)
                 generator = torch.Generator().manual_seed(step_seed(config.seed, step, micro, rank))
                 loss, metrics = engine(batch, generator)
                 engine.backward(loss)

@@ -9,8 +9,11 @@ Backends (all return :class:`PreAnnotation`; pick one with :func:`make_preannota
   symbols become a ``$$`` formula; small lines in the top/bottom margin (running headers, page
   numbers) are dropped, as our markup keeps them layout-only. Confidence = recognition score
   weighted by text length.
-- ``model`` (:class:`ModelAnnotator`): our own checkpoint through the shared decoding engine;
-  confidence = mean token probability of the decode.
+- ``model`` (:class:`ModelAnnotator`): any supported checkpoint folder (our DocVLM, a trained
+  stage, a Hugging Face doc VLM) through the shared decoding engine; confidence = mean token
+  probability of the decode.
+- ``paddleocr_vl_transformers`` (the same code path): a PaddleOCR-VL folder loaded natively by
+  transformers and decoded by our engine with its ``OCR:`` prompt; no paddlepaddle, no server.
 - ``paddleocr_vl_server`` (:class:`PaddleOCRVLServerAnnotator`): a PaddleOCR-VL model behind any
   OpenAI-compatible server (vLLM, SGLang, ``paddleocr genai_server``, or our own
   :mod:`components.curation.openai_server`): one ``/v1/chat/completions`` call per page with
@@ -26,7 +29,7 @@ blocks and leaked vision placeholder tokens are removed and nothing else is touc
 page (see :mod:`components.curation.storage`), so a crash or a server outage loses no finished
 page and a re-run never redoes one.
 
-One module per backend (``rapidocr``, ``model``, ``paddle_server``, ``paddle_pipeline``), the shared
+One module per backend (``rapidocr``, ``model`` for both engine-backed ones, ``paddle_server``, ``paddle_pipeline``), the shared
 record and markup cleanup in ``base``, the backend choice in ``factory``, the run in ``run``.
 """
 
@@ -41,7 +44,11 @@ from components.curation.preannotate.base import (
     strip_image_tokens,
 )
 from components.curation.preannotate.factory import BACKENDS, DEFAULT_BACKEND, make_preannotator
-from components.curation.preannotate.model import ModelAnnotator, ModelAnnotatorConfig
+from components.curation.preannotate.model import (
+    ModelAnnotator,
+    ModelAnnotatorConfig,
+    PaddleOCRVLTransformersConfig,
+)
 from components.curation.preannotate.paddle_pipeline import (
     PaddleOCRVLPipelineAnnotator,
     PaddleOCRVLPipelineConfig,
@@ -56,10 +63,30 @@ from components.curation.preannotate.rapidocr import RapidOCRAnnotator, RapidOCR
 from components.curation.preannotate.run import PreAnnotationReport, preannotate_dataset, preannotation_of
 
 __all__ = [
-    "BACKENDS", "DEFAULT_BACKEND", "JOURNAL_NAME", "META_KEY", "AnnotatorUnavailableError", "BackendNotInstalledError",
-    "ModelAnnotator", "ModelAnnotatorConfig", "PaddleOCRVLPipelineAnnotator", "PaddleOCRVLPipelineConfig",
-    "PaddleOCRVLServerAnnotator", "PaddleOCRVLServerConfig", "PageAnnotationError", "PreAnnotation",
-    "PreAnnotationReport", "PreAnnotator", "RapidOCRAnnotator", "RapidOCRConfig", "image_data_uri",
-    "make_preannotator", "paddle_result_to_annotation", "preannotate_dataset", "preannotation_of",
-    "strip_image_tokens", "unicode_math_to_latex",
+    "BACKENDS",
+    "DEFAULT_BACKEND",
+    "JOURNAL_NAME",
+    "META_KEY",
+    "AnnotatorUnavailableError",
+    "BackendNotInstalledError",
+    "ModelAnnotator",
+    "ModelAnnotatorConfig",
+    "PaddleOCRVLPipelineAnnotator",
+    "PaddleOCRVLPipelineConfig",
+    "PaddleOCRVLServerAnnotator",
+    "PaddleOCRVLServerConfig",
+    "PaddleOCRVLTransformersConfig",
+    "PageAnnotationError",
+    "PreAnnotation",
+    "PreAnnotationReport",
+    "PreAnnotator",
+    "RapidOCRAnnotator",
+    "RapidOCRConfig",
+    "image_data_uri",
+    "make_preannotator",
+    "paddle_result_to_annotation",
+    "preannotate_dataset",
+    "preannotation_of",
+    "strip_image_tokens",
+    "unicode_math_to_latex",
 ]

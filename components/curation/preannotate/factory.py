@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import fields
 
 from components.curation.preannotate.base import PreAnnotator
-from components.curation.preannotate.model import ModelAnnotator, ModelAnnotatorConfig
+from components.curation.preannotate.model import (
+    ModelAnnotator,
+    ModelAnnotatorConfig,
+    PaddleOCRVLTransformersConfig,
+)
 from components.curation.preannotate.paddle_pipeline import (
     PaddleOCRVLPipelineAnnotator,
     PaddleOCRVLPipelineConfig,
@@ -19,6 +23,7 @@ from components.curation.preannotate.rapidocr import RapidOCRAnnotator, RapidOCR
 BACKENDS: dict[str, tuple[type, type]] = {
     "rapidocr": (RapidOCRAnnotator, RapidOCRConfig),
     "model": (ModelAnnotator, ModelAnnotatorConfig),
+    "paddleocr_vl_transformers": (ModelAnnotator, PaddleOCRVLTransformersConfig),
     "paddleocr_vl_server": (PaddleOCRVLServerAnnotator, PaddleOCRVLServerConfig),
     "paddleocr_vl_pipeline": (PaddleOCRVLPipelineAnnotator, PaddleOCRVLPipelineConfig),
 }
@@ -40,9 +45,6 @@ def make_preannotator(config: dict | None = None) -> PreAnnotator:
     if unknown:
         raise ValueError(f"unknown key(s) {unknown} for pre-annotation backend {backend!r}; accepted: {accepted}")
     settings = config_cls(**config)
-    if backend == "model":
-        if not settings.model_dir:
-            raise ValueError("the model backend needs `model_dir` (a folder written by save_markup_model)")
-        return ModelAnnotator.from_pretrained(settings.model_dir, device=settings.device, model_version=settings.model_version,
-                                              decoder=settings.decoder, max_new_tokens=settings.max_new_tokens)
+    if annotator_cls is ModelAnnotator:  # the engine-backed backends
+        return ModelAnnotator.from_config(settings)
     return annotator_cls(settings)

@@ -1,8 +1,13 @@
-"""Pre-annotation with one of our own checkpoints through the shared decoding engine."""
+"""Pre-annotation with a checkpoint through the shared decoding engine (no server, no paddlepaddle).
+
+Two backends share this code path: ``model`` (any supported folder: our DocVLM, a trained stage,
+a Hugging Face doc VLM) and ``paddleocr_vl_transformers`` (a PaddleOCR-VL folder, loaded natively by
+transformers, prompted with its ``OCR:`` task prompt). ``model_version`` is the family and a content
+hash of the weights, recorded on every pre-annotation.
+"""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from PIL import Image
@@ -17,6 +22,13 @@ class ModelAnnotatorConfig:
     max_new_tokens: int = 1024
     device: str = "cpu"
     model_version: str | None = None
+    prompt: str | None = None  # a chat model's page instruction (None: the adapter's default)
+
+
+@dataclass
+class PaddleOCRVLTransformersConfig(ModelAnnotatorConfig):
+    prompt: str | None = "OCR:"  # PaddleOCR-VL's text-recognition task prompt
+    family: str = "paddleocr_vl"  # the folder must be of this family
 
 
 class ModelAnnotator:
@@ -32,15 +44,21 @@ class ModelAnnotator:
         self.params = DecodeParams(decoder=decoder, max_new_tokens=max_new_tokens)
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | os.PathLike, *, device: str = "cpu", model_version: str | None = None,
-                        decoder: str = "ar", max_new_tokens: int = 1024) -> ModelAnnotator:
+    def from_config(cls, settings: ModelAnnotatorConfig) -> ModelAnnotator:
+        """Load ``settings.model_dir`` (checking its family when the backend names one) into the engine."""
         from components.decoding.engine import DecodingEngine
-        from models.loading import model_fingerprint
+        from models.loading import model_family, model_fingerprint
 
-        engine = DecodingEngine.from_pretrained(model_dir, device=device)
+        if not settings.model_dir:
+            raise ValueError("this pre-annotation backend needs `model_dir` (a model folder with config.json)")
+        family = model_family(settings.model_dir)
+        wanted = getattr(settings, "family", None)
+        if wanted and family != wanted:
+            raise ValueError(f"{settings.model_dir} holds a {family!r} model; this backend needs a {wanted!r} folder")
+        engine = DecodingEngine.from_pretrained(settings.model_dir, device=settings.device, prompt=settings.prompt)
         # a content hash, not the folder name: every trained folder is called "model"
-        return cls(engine, model_version=model_version or f"model:{model_fingerprint(model_dir)}",
-                   decoder=decoder, max_new_tokens=max_new_tokens)
+        version = settings.model_version or f"{family}:{model_fingerprint(settings.model_dir)}"
+        return cls(engine, model_version=version, decoder=settings.decoder, max_new_tokens=settings.max_new_tokens)
 
     @property
     def model_version(self) -> str:

@@ -41,8 +41,10 @@ image processor and tokenizer.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,17 +61,17 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from components.tokenizer import INIT, MASK
+from components.tokenizer import INIT, MASK, all_special_ids
 from models.docvlm import best_attention_implementation
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PROMPT = "Convert this page to markdown."
-SUPPORTED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+SUPPORTED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "paddleocr_vl")
 QWEN_EOS, QWEN_PAD, QWEN_TURN_START = "<|im_end|>", "<|endoftext|>", "<|im_start|>"
 
 
-class Qwen2VLLoadError(RuntimeError):
+class HFLoadError(RuntimeError):
     """A Qwen2-VL-family folder this adapter cannot serve (unsupported type, unusable prompt or tokenizer)."""
 
 
@@ -119,7 +121,7 @@ class ImagePromptProcessor:
         if tokenize:
             raise ValueError("ImagePromptProcessor renders text only; call it on the rendered prompt")
         if self.chat_template is None:
-            raise Qwen2VLLoadError("the checkpoint has no chat template (no chat_template.jinja/json, none in the tokenizer)")
+            raise HFLoadError("the checkpoint has no chat template (no chat_template.jinja/json, none in the tokenizer)")
         return self.tokenizer.apply_chat_template(
             messages, chat_template=self.chat_template, add_generation_prompt=add_generation_prompt, tokenize=False
         )
@@ -171,7 +173,7 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, held_back_token: str) 
     specials: dict = {}
     if tokenizer.eos_token is None:
         if QWEN_EOS not in vocab:
-            raise Qwen2VLLoadError(f"tokenizer has no eos token and no {QWEN_EOS}; cannot tell where an answer ends")
+            raise HFLoadError(f"tokenizer has no eos token and no {QWEN_EOS}; cannot tell where an answer ends")
         specials["eos_token"] = QWEN_EOS
     eos = specials.get("eos_token", tokenizer.eos_token)
     if tokenizer.pad_token is None or tokenizer.pad_token == eos:
@@ -194,35 +196,71 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, held_back_token: str) 
 
 
 # ----- the model ------------------------------------------------------------------------------
-class Qwen2VLMarkupModel(nn.Module):
-    """A Qwen2-VL-family checkpoint behind :class:`models.interface.MarkupLM`."""
+@dataclass
+class ChatPagePrefix:
+    """A batch of encoded pages for a chat VLM: the prompt up to (not including) its last token.
 
-    def __init__(self, hf_model: nn.Module, processor, prompt: str = DEFAULT_PROMPT):
+    ``prompt_ids`` (B, P) left-padded (``valid`` False on padding), ``positions`` (3, B, P) the
+    prompt's M-RoPE positions, ``rope_deltas`` (B,) the offset of the row's text positions
+    (engine position p -> p + delta), ``vision`` the vision tower's outputs (with gradient when
+    training), handed to the family's forward as ``mm_encoder_outputs`` so it scatters them
+    into the image placeholders (and, for Qwen3-VL, into its deepstack layers).
+    """
+
+    prompt_ids: torch.Tensor
+    valid: torch.Tensor
+    positions: torch.Tensor
+    rope_deltas: torch.Tensor
+    vision: dict
+
+    @property
+    def length(self) -> int:
+        return self.prompt_ids.shape[1]
+
+
+def render_page_inputs(processor, prompt_text: str, images: list[Image.Image]) -> BatchFeature:
+    """Processor outputs for a batch of pages, left-padded (picklable: DataLoader workers call it)."""
+    rgb = [image.convert("RGB") for image in images]
+    return processor(text=[prompt_text] * len(images), images=rgb, padding=True, padding_side="left",
+                     return_tensors="pt")
+
+
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
+                   "chat_template.jinja", "chat_template.json")
+
+
+class HFMarkupModel(nn.Module):
+    """A Hugging Face doc-VLM checkpoint (:data:`SUPPORTED_MODEL_TYPES`) behind
+    :class:`models.interface.TrainableMarkupLM`: the engine decodes it and the objective mix trains it."""
+
+    def __init__(self, hf_model: nn.Module, processor, prompt: str = DEFAULT_PROMPT, source: Path | None = None):
         """Wrap a loaded checkpoint; adds missing special tokens to ``processor.tokenizer`` (in place)."""
         super().__init__()
         self.hf = hf_model.eval()
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.prompt = prompt
+        self.source = source
         held_back_id = _render_ids(processor, prompt)[-1]
         held_back = self.tokenizer.convert_ids_to_tokens(held_back_id)
         added, bos = prepare_tokenizer(self.tokenizer, held_back)
         if len(self.tokenizer) > hf_model.get_input_embeddings().weight.shape[0]:
             hf_model.resize_token_embeddings(len(self.tokenizer))
         self.prompt_tokens = PromptTokens(bos_id=self.tokenizer.bos_token_id, held_back_id=held_back_id)
+        self._draft_ids: torch.Tensor | None = None
         logger.info("%d special tokens added; engine bos %r stands for the prompt's last token %r", added, bos, held_back)
 
     @classmethod
     def load(
         cls, path: str | Path, dtype: torch.dtype | None = None, prompt: str = DEFAULT_PROMPT
-    ) -> tuple[Qwen2VLMarkupModel, PreTrainedTokenizerBase]:
+    ) -> tuple[HFMarkupModel, PreTrainedTokenizerBase]:
         """Load weights, processor and tokenizer from a local folder; returns (model, tokenizer)."""
         path = Path(path)
         config = json.loads((path / "config.json").read_text())
         if config.get("model_type") not in SUPPORTED_MODEL_TYPES:
-            raise Qwen2VLLoadError(
-                f"{path}: model_type {config.get('model_type')!r} is not served natively by transformers; "
-                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}. dots.ocr checkpoints ship their own remote code "
+            raise HFLoadError(
+                f"{path}: model_type {config.get('model_type')!r} is not supported; supported: "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}. dots.ocr checkpoints ship their own remote code "
                 "(a 1-D RoPE Qwen2 decoder) written for transformers 4.x and are not supported yet."
             )
         vision_attention = best_attention_implementation("flash_attention_2")
@@ -230,10 +268,10 @@ class Qwen2VLMarkupModel(nn.Module):
             str(path), dtype=dtype or torch.float32,
             attn_implementation={"": "sdpa", "text_config": "sdpa", "vision_config": vision_attention},
         )
-        model = cls(hf_model, load_processor(path, _image_token(path, config)), prompt)
+        model = cls(hf_model, load_processor(path, _image_token(path, config)), prompt, source=path)
         return model, model.tokenizer
 
-    # ----- facts the engine reads -----------------------------------------------------------
+    # ----- facts the engine and the trainer read ----------------------------------------------
     @property
     def device(self) -> torch.device:
         return next(self.hf.parameters()).device
@@ -243,29 +281,57 @@ class Qwen2VLMarkupModel(nn.Module):
         return next(self.hf.parameters()).dtype
 
     @property
+    def config(self):
+        """The checkpoint's config (``model_type`` picks LoRA targets, DeepSpeed reads hidden sizes)."""
+        return self.hf.config
+
+    @property
     def max_positions(self) -> int:
         return int(self.hf.config.get_text_config().max_position_embeddings)
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        tokenizer = self.tokenizer
+        return {"bos": self.prompt_tokens.bos_id, "eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id,
+                "init": tokenizer.convert_tokens_to_ids(INIT), "mask": tokenizer.convert_tokens_to_ids(MASK)}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_output_embeddings().weight.shape[0]
+
+    def draft_token_ids(self) -> torch.Tensor:
+        """Every tokenizer id that is not a special token. Chat tokenizers append their specials
+        (and ours, ``<INIT>``/``<MASK>``) after the content ids, and the embedding matrix is
+        padded past the tokenizer, so no id range works; the rows past ``len(tokenizer)`` never
+        train and are left out too."""
+        if self._draft_ids is None:
+            special = all_special_ids(self.tokenizer)
+            keep = torch.ones(len(self.tokenizer), dtype=torch.bool)
+            keep[sorted(i for i in special if i < len(self.tokenizer))] = False
+            self._draft_ids = keep.nonzero().squeeze(1)
+        return self._draft_ids
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        self.hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.hf.get_input_embeddings()
 
     # ----- prompts ----------------------------------------------------------------------------
     def chat_prompt(self) -> str:
         """The page prompt text with one (unexpanded) image placeholder."""
         return _render_prompt(self.processor, self.prompt)
 
+    def cpu_preprocessor(self):
+        """``images -> BatchFeature`` on CPU: the same prompt decoding renders (:meth:`page_inputs`)."""
+        return functools.partial(render_page_inputs, self.processor, self.chat_prompt())
+
     def page_inputs(self, images: list[Image.Image]) -> BatchFeature:
         """Processor outputs for a batch of pages (left-padded): what ``generate`` would be given."""
-        text = [self.chat_prompt()] * len(images)
-        rgb = [image.convert("RGB") for image in images]
-        return self.processor(text=text, images=rgb, padding=True, padding_side="left", return_tensors="pt")
+        return render_page_inputs(self.processor, self.chat_prompt(), images)
 
-    # ----- MarkupLM -----------------------------------------------------------------------------
-    @torch.inference_mode()
-    def prefill(self, images: list[Image.Image], prompt_ids: torch.Tensor) -> tuple[torch.Tensor, PagePromptCache]:
-        """Run each page's chat prompt but its last token; then ``prompt_ids`` (engine ids), if any.
-
-        The cache length after the chat part is the engine's ``n_prefix``; the engine's first
-        input (its bos) stands for the held-back prompt token.
-        """
-        inputs = self.page_inputs(images).to(self.device)
+    def _prompt_part(self, inputs: BatchFeature) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(prompt ids but the last, their validity, their M-RoPE positions, the row's text offset)."""
         input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"].bool()
         if not torch.all(input_ids[:, -1] == self.prompt_tokens.held_back_id):
             raise ValueError("page prompts must all end with the chat template's last token (left padding expected)")
@@ -276,17 +342,78 @@ class Qwen2VLMarkupModel(nn.Module):
         n_prefix = input_ids.shape[1] - 1
         # The held-back token is text: all three M-RoPE components equal its position.
         rope_deltas = positions[0, :, -1] - n_prefix
-        valid = attention_mask[:, :n_prefix]
+        return input_ids[:, :n_prefix], attention_mask[:, :n_prefix], positions[:, :, :n_prefix], rope_deltas
+
+    def _engine_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The engine's bos becomes the held-back last prompt token (see the module docstring)."""
+        ids = self.prompt_tokens
+        if ids.bos_id != ids.held_back_id:
+            input_ids = input_ids.masked_fill(input_ids == ids.bos_id, ids.held_back_id)
+        return input_ids
+
+    # ----- training half ------------------------------------------------------------------------
+    def encode_pages(self, inputs: BatchFeature) -> ChatPagePrefix:
+        """Run the vision tower (with gradient) and lay out the prompt; the decoder runs in :meth:`forward`."""
+        inputs = inputs.to(self.device)
+        prompt_ids, valid, positions, rope_deltas = self._prompt_part(inputs)
+        vision = self.hf.model.get_image_features(
+            inputs["pixel_values"].to(self.dtype), inputs["image_grid_thw"], return_dict=True
+        )
+        return ChatPagePrefix(prompt_ids, valid, positions, rope_deltas, {"image": vision})
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, prefix: ChatPagePrefix
+    ) -> dict[str, torch.Tensor]:
+        """Token streams after the page prompt under a (B, 1, P+T, P+T) bool mask; engine positions
+        (B, P+T) of the token part become the row's M-RoPE text positions."""
+        n_prefix = prefix.length
+        ids = torch.cat([prefix.prompt_ids, self._engine_ids(input_ids)], dim=1)
+        text = position_ids[:, n_prefix:] + prefix.rope_deltas[:, None]
+        positions = torch.cat([prefix.positions, text[None].expand(prefix.positions.shape[0], -1, -1)], dim=2)
+        out = self.hf.model(
+            input_ids=ids, attention_mask=_hide_prompt_padding(attention_mask, prefix.valid), position_ids=positions,
+            mm_encoder_outputs=dict(prefix.vision), use_cache=False,
+        )
+        return {"logits": self.hf.lm_head(out.last_hidden_state[:, n_prefix:])}
+
+    def save_folder(
+        self, path: Path, tokenizer: PreTrainedTokenizerBase, state_dict: dict[str, torch.Tensor] | None = None
+    ) -> Path:
+        """A plain checkpoint folder (weights under the family's names, tokenizer with the engine's
+        special tokens, the source folder's processor files): ``AutoModelForImageTextToText`` and
+        :func:`models.loading.load_markup_model` both load it."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = None if state_dict is None else {name.removeprefix("hf."): value for name, value in state_dict.items()}
+        self.hf.save_pretrained(str(path), state_dict=state)
+        tokenizer.save_pretrained(str(path))
+        copied = [name for name in PROCESSOR_FILES if self.source is not None and (self.source / name).is_file()]
+        for name in copied:
+            shutil.copyfile(self.source / name, path / name)
+        if not copied:
+            self.processor.image_processor.save_pretrained(str(path))
+            (path / "chat_template.jinja").write_text(_read_chat_template(path, tokenizer) or "", encoding="utf-8")
+        return path
+
+    # ----- decoding half (MarkupLM) -------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, images: list[Image.Image], prompt_ids: torch.Tensor) -> tuple[torch.Tensor, PagePromptCache]:
+        """Run each page's chat prompt but its last token; then ``prompt_ids`` (engine ids), if any.
+
+        The cache length after the chat part is the engine's ``n_prefix``; the engine's first
+        input (its bos) stands for the held-back prompt token.
+        """
+        inputs = self.page_inputs(images).to(self.device)
+        prompt, valid, positions, rope_deltas = self._prompt_part(inputs)
+        n_prefix = prompt.shape[1]
         causal = torch.ones(n_prefix, n_prefix, dtype=torch.bool, device=self.device).tril()
-        diagonal = torch.eye(n_prefix, dtype=torch.bool, device=self.device)
-        mask = (causal[None] & valid[:, None, :]) | diagonal[None]  # padding rows see themselves: no empty softmax
         cache = PagePromptCache(valid, rope_deltas, config=self.hf.config)
         self.hf(
-            input_ids=input_ids[:, :n_prefix], pixel_values=inputs["pixel_values"].to(self.dtype),
-            image_grid_thw=inputs["image_grid_thw"], position_ids=positions[:, :, :n_prefix],
-            attention_mask=mask[:, None], cache=cache, use_cache=True, logits_to_keep=1,
+            input_ids=prompt, pixel_values=inputs["pixel_values"].to(self.dtype), image_grid_thw=inputs["image_grid_thw"],
+            position_ids=positions, attention_mask=_hide_prompt_padding(causal.expand(len(images), 1, -1, -1), valid),
+            cache=cache, use_cache=True, logits_to_keep=1,
         )
-        batch = input_ids.shape[0]
+        batch = prompt.shape[0]
         n_prompt = prompt_ids.shape[1]
         if n_prompt == 0:
             return torch.zeros(batch, 0, self.hf.config.get_text_config().vocab_size, device=self.device), cache
@@ -300,18 +427,25 @@ class Qwen2VLMarkupModel(nn.Module):
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor, cache: PagePromptCache
     ) -> torch.Tensor:
         """Append tokens at engine positions under a (B, 1, Q, K) bool mask; returns (B, Q, V) logits."""
-        ids = self.prompt_tokens
-        if ids.bos_id != ids.held_back_id:
-            input_ids = input_ids.masked_fill(input_ids == ids.bos_id, ids.held_back_id)
         text_positions = position_ids + cache.rope_deltas[:, None]
         mask = attention_mask.clone()
         n_prefix = cache.prefix_valid.shape[1]
         mask[..., :n_prefix] &= cache.prefix_valid[:, None, None, :]
         out = self.hf(
-            input_ids=input_ids, position_ids=text_positions[None].expand(3, -1, -1), attention_mask=mask,
-            cache=cache, use_cache=True,
+            input_ids=self._engine_ids(input_ids), position_ids=text_positions[None].expand(3, -1, -1),
+            attention_mask=mask, cache=cache, use_cache=True,
         )
         return out.logits
+
+
+def _hide_prompt_padding(mask: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Nothing attends a left-padded prompt slot; a padded slot's own row sees itself (no empty softmax)."""
+    n_prefix = valid.shape[1]
+    mask = mask.clone()
+    mask[..., :n_prefix] &= valid[:, None, None, :]
+    slots = torch.arange(n_prefix, device=mask.device)
+    mask[:, :, slots, slots] = True
+    return mask
 
 
 def _render_prompt(processor, prompt: str) -> str:
@@ -322,7 +456,7 @@ def _render_prompt(processor, prompt: str) -> str:
 def _render_ids(processor, prompt: str) -> list[int]:
     ids = processor.tokenizer(_render_prompt(processor, prompt), add_special_tokens=False)["input_ids"]
     if not ids:
-        raise Qwen2VLLoadError("the chat template rendered an empty prompt")
+        raise HFLoadError("the chat template rendered an empty prompt")
     return ids
 
 
@@ -331,7 +465,7 @@ def _image_token(path: Path, config: dict) -> str:
     tokenizer_config = path / "tokenizer_config.json"
     token_id = config.get("image_token_id")
     if token_id is None:
-        raise Qwen2VLLoadError(f"{path}/config.json has no image_token_id")
+        raise HFLoadError(f"{path}/config.json has no image_token_id")
     # Cheap lookup without a second tokenizer load: added tokens are listed in tokenizer_config.json.
     if tokenizer_config.exists():
         added = json.loads(tokenizer_config.read_text()).get("added_tokens_decoder", {})
@@ -354,17 +488,29 @@ QWEN_CHAT_TEMPLATE = (
 )
 
 
-def save_tiny_qwen2_vl(
+def save_tiny_hf_vlm(
     path: str | Path, texts: list[str], model_type: str = "qwen2_vl", seed: int = 0, vocab_size: int = 384,
     max_pixels: int = 28 * 28 * 24,
 ) -> Path:
-    """Write a randomly initialised CPU-sized Qwen2-VL (or Qwen2.5-VL) checkpoint folder.
+    """Write a randomly initialised CPU-sized checkpoint folder of a supported family.
 
-    Its tokenizer is Qwen-like (eos ``<|im_end|>``, pad ``<|endoftext|>``, no bos, no
-    ``<INIT>``/``<MASK>``), so loading it goes through the same token mapping as a real checkpoint.
+    The architecture is the family's own (``AutoModelForImageTextToText.from_config``: M-RoPE,
+    window attention for Qwen2.5-VL, deepstack for Qwen3-VL, the SigLIP tower and projector of
+    PaddleOCR-VL), a few layers wide. Its tokenizer is Qwen-like (eos ``<|im_end|>``, pad
+    ``<|endoftext|>``, no bos, no ``<INIT>``/``<MASK>``) for every family, so loading it goes
+    through the same token mapping as a real checkpoint.
     """
     from tokenizers import pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2VLConfig
+    from transformers import (
+        PaddleOCRVLConfig,
+        PreTrainedTokenizerFast,
+        Qwen2_5_VLConfig,
+        Qwen2VLConfig,
+        Qwen3VLConfig,
+    )
+    from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import (
+        PaddleOCRVLImageProcessorPil,
+    )
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from components.tokenizer import build_untrained_tokenizer
@@ -378,8 +524,11 @@ def save_tiny_qwen2_vl(
         show_progress=False,
     )
     backend.train_from_iterator([*texts, "user assistant " + DEFAULT_PROMPT], trainer=trainer)
+    # PaddleOCR-VL's processor reads the image placeholder off the tokenizer (``tokenizer.image_token``).
+    named = {"extra_special_tokens": {"image_token": "<|image_pad|>"}} if model_type == "paddleocr_vl" else {}
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token=QWEN_EOS, pad_token=QWEN_PAD, additional_special_tokens=QWEN_SPECIAL_TOKENS[1:],
+        **named,
     )
     token_id = tokenizer.convert_tokens_to_ids
     text = dict(
@@ -392,19 +541,38 @@ def save_tiny_qwen2_vl(
         image_token_id=token_id("<|image_pad|>"), video_token_id=token_id("<|video_pad|>"),
         vision_start_token_id=token_id("<|vision_start|>"), vision_end_token_id=token_id("<|vision_end|>"),
     )
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 4, max_pixels=max_pixels)
     if model_type == "qwen2_vl":
         config = Qwen2VLConfig(text_config=text, vision_config={**vision, "embed_dim": 32, "hidden_size": 64, "mlp_ratio": 2}, **special)
         processor_class = "Qwen2VLProcessor"
-    else:
+    elif model_type == "qwen2_5_vl":
         vision.update(hidden_size=32, intermediate_size=64, out_hidden_size=64, window_size=56, fullatt_block_indexes=[1])
         config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **special)
         processor_class = "Qwen2_5_VLProcessor"
+    elif model_type == "qwen3_vl":
+        # 16-pixel patches merged 2x2; interleaved M-RoPE; one deepstack layer.
+        text.update(head_dim=16, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
+                                                  "mrope_interleaved": True, "rope_theta": 1e4})
+        vision.update(patch_size=16, hidden_size=32, intermediate_size=64, out_hidden_size=64,
+                      num_position_embeddings=64, deepstack_visual_indexes=[0])
+        config = Qwen3VLConfig(text_config=text, vision_config=vision, **special)
+        image_processor = Qwen2VLImageProcessorPil(min_pixels=32 * 32 * 4, max_pixels=max_pixels, patch_size=16)
+        processor_class = "Qwen3VLProcessor"
+    else:  # paddleocr_vl: a SigLIP-style tower with learned 2-D positions, ERNIE-4.5-style decoder
+        text.update(head_dim=16)
+        config = PaddleOCRVLConfig(
+            text_config=text, vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                 num_attention_heads=2, image_size=112, patch_size=14, spatial_merge_size=2),
+            **special,
+        )
+        image_processor = PaddleOCRVLImageProcessorPil(min_pixels=28 * 28 * 4, max_pixels=max_pixels)
+        processor_class = "PaddleOCRVLProcessor"
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))
-    Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 4, max_pixels=max_pixels).save_pretrained(str(path))
+    image_processor.save_pretrained(str(path))
     (path / "chat_template.jinja").write_text(QWEN_CHAT_TEMPLATE, encoding="utf-8")
     (path / "processor_config.json").write_text(json.dumps({"processor_class": processor_class}), encoding="utf-8")
     return path

@@ -23,15 +23,16 @@ from components.data.synthetic import generate_page
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
 from components.tokenizer import INIT, MASK
-from models.loading import ModelLoadError, load_markup_model
-from models.qwen2_vl_adapter import (
+from models.hf_adapter import (
     QWEN_CHAT_TEMPLATE,
+    SUPPORTED_MODEL_TYPES,
+    HFLoadError,
+    HFMarkupModel,
     ImagePromptProcessor,
-    Qwen2VLLoadError,
-    Qwen2VLMarkupModel,
     load_processor,
-    save_tiny_qwen2_vl,
+    save_tiny_hf_vlm,
 )
+from models.loading import ModelLoadError, load_markup_model
 
 N_TOKENS = 32
 
@@ -47,9 +48,9 @@ def pages() -> list[Image.Image]:
     return [generate_page(0)[1], generate_page(1)[1].crop((0, 0, 320, 200))]
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+@pytest.fixture(scope="module", params=list(SUPPORTED_MODEL_TYPES))
 def checkpoint(request, tmp_path_factory, texts):
-    return save_tiny_qwen2_vl(tmp_path_factory.mktemp(request.param), texts, model_type=request.param)
+    return save_tiny_hf_vlm(tmp_path_factory.mktemp(request.param), texts, model_type=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def hf_greedy(engine: DecodingEngine, pages: list[Image.Image], max_new_tokens: 
     inputs = model.page_inputs(pages)
     out = model.hf.generate(
         **inputs, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=ids.eos, pad_token_id=ids.pad,
-        suppress_tokens=[ids.bos, ids.pad, ids.init, ids.mask],
+        suppress_tokens=ids.banned_outputs.tolist(),
     )
     rows = []
     for row in out[:, inputs["input_ids"].shape[1] :].tolist():
@@ -83,7 +84,7 @@ def hf_greedy(engine: DecodingEngine, pages: list[Image.Image], max_new_tokens: 
 
 def test_checkpoint_loads_with_the_tokens_the_engine_needs(checkpoint):
     model, tokenizer = load_markup_model(checkpoint)
-    assert isinstance(model, Qwen2VLMarkupModel)
+    assert isinstance(model, HFMarkupModel)
     # Qwen chat mapping: eos ends the assistant turn, pad is <|endoftext|>, bos is <|im_start|>
     # standing in for the prompt's last token ("\n" after "assistant").
     assert (tokenizer.eos_token, tokenizer.pad_token, tokenizer.bos_token) == ("<|im_end|>", "<|endoftext|>", "<|im_start|>")
@@ -151,7 +152,7 @@ def test_padded_vocabulary_is_not_resized(checkpoint):
     config = AutoConfig.from_pretrained(checkpoint)
     rows = len(processor.tokenizer) + 16
     config.get_text_config().vocab_size = rows
-    model = Qwen2VLMarkupModel(AutoModelForImageTextToText.from_config(config), processor)
+    model = HFMarkupModel(AutoModelForImageTextToText.from_config(config), processor)
     assert model.hf.get_input_embeddings().weight.shape[0] == rows
     assert processor.tokenizer.convert_tokens_to_ids(MASK) < rows
 
@@ -185,7 +186,7 @@ def test_unsupported_family_gets_a_clear_error(tmp_path):
     folder = tmp_path / "dots"
     folder.mkdir()
     (folder / "config.json").write_text('{"model_type": "dots_ocr"}')
-    with pytest.raises(Qwen2VLLoadError, match="dots_ocr"):
+    with pytest.raises(HFLoadError, match="dots_ocr"):
         load_markup_model(folder)
     (folder / "config.json").write_text('{"model_type": "llava"}')
     with pytest.raises(ModelLoadError, match="unsupported model family"):
