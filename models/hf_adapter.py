@@ -1,12 +1,16 @@
-"""Drive a Qwen2-VL / Qwen2.5-VL checkpoint with the project's one decoding engine.
+"""Train and decode Hugging Face doc-VLM checkpoints (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, PaddleOCR-VL).
 
-The engine (:mod:`components.decoding.engine`) speaks :class:`models.interface.MarkupLM`: prefill
-a page once, then append tokens at explicit 1-D positions under an explicit 4-D bool mask. A
-Qwen2-VL checkpoint expects a chat prompt with the page image inside it and 3-D M-RoPE
-positions. This adapter bridges the two without touching the checkpoint's weights:
+The engine (:mod:`components.decoding.engine`) and the objective mix
+(:mod:`components.training.mix`) speak :class:`models.interface.TrainableMarkupLM`: encode pages
+once, then run token streams at explicit 1-D positions under an explicit 4-D bool mask. These
+checkpoints expect a chat prompt with the page image inside it and 3-D M-RoPE positions. The
+adapter bridges the two without touching the checkpoint's architecture; the family's own forward
+runs (``mm_encoder_outputs`` carries the vision tower's output, so Qwen3-VL's deepstack and
+PaddleOCR-VL's projector work unchanged):
 
 * **Prompt and "bos".** A page's prompt is the checkpoint's chat template around the image and
-  an instruction (dots.ocr style, :data:`DEFAULT_PROMPT`), ending with the generation prompt
+  an instruction (dots.ocr style, :data:`DEFAULT_PROMPT`; PaddleOCR-VL's ``OCR:`` where asked),
+  the same in training and decoding, ending with the generation prompt
   (``<|im_start|>assistant\\n``). ``prefill`` runs every prompt token except the last; the engine
   then feeds its ``<bos>`` as the first token and the adapter swaps it for that held-back last
   prompt token. So the engine's first forward is exactly the prompt's final step and its output
@@ -20,14 +24,16 @@ positions. This adapter bridges the two without touching the checkpoint's weight
   ``<INIT>``/``<MASK>`` are added as special tokens when missing; the embeddings grow only when
   the tokenizer outgrows them (Qwen checkpoints pad the vocabulary, so usually they do not).
   Before DARL / block-diffusion fine-tuning the new rows are untrained: greedy SDB stays exact
-  (it verifies every guess) but accepts little.
+  (it verifies every guess) but accepts little. The tokenizer's other special tokens (image
+  placeholders, turn markers) are never emitted by a decoder nor drawn into a corrupt draft.
 * **Positions.** Text after the image uses 1-D positions shifted by a per-row offset (the
   M-RoPE ``rope_delta``: the image takes fewer positions than tokens). Engine position ``p``
   becomes ``(p + delta, p + delta, p + delta)``.
 * **Batches** of pages with different image sizes have prompts of different lengths; they are
   left-padded, and the adapter hides the padded prefix slots from every later query (the
-  engine's masks only know about holes it made itself). The cache carries those per-row facts,
-  so they follow the engine's ``batch_select_indices`` when rows finish.
+  engine's and the training streams' masks only know about holes they made themselves). In
+  decoding the cache carries those per-row facts, so they follow the engine's
+  ``batch_select_indices`` when rows finish; in training :class:`ChatPagePrefix` does.
 * **Attention.** The language model always runs SDPA: flash-attention kernels take no arbitrary
   4-D mask, and the engine's masks are arbitrary (holes, bidirectional blocks). The vision
   tower uses flash_attention_2 where it is installed and a GPU runs.
@@ -490,7 +496,7 @@ QWEN_CHAT_TEMPLATE = (
 
 def save_tiny_hf_vlm(
     path: str | Path, texts: list[str], model_type: str = "qwen2_vl", seed: int = 0, vocab_size: int = 384,
-    max_pixels: int = 28 * 28 * 24,
+    max_pixels: int = 28 * 28 * 24, text_overrides: dict | None = None, vision_overrides: dict | None = None,
 ) -> Path:
     """Write a randomly initialised CPU-sized checkpoint folder of a supported family.
 
@@ -498,7 +504,9 @@ def save_tiny_hf_vlm(
     window attention for Qwen2.5-VL, deepstack for Qwen3-VL, the SigLIP tower and projector of
     PaddleOCR-VL), a few layers wide. Its tokenizer is Qwen-like (eos ``<|im_end|>``, pad
     ``<|endoftext|>``, no bos, no ``<INIT>``/``<MASK>``) for every family, so loading it goes
-    through the same token mapping as a real checkpoint.
+    through the same token mapping as a real checkpoint. ``text_overrides`` / ``vision_overrides``
+    change the sub-configs (a larger random model for GPU measurements; ``vocab_size`` there pads the
+    embedding past the tokenizer, as real Qwen checkpoints do).
     """
     from tokenizers import pre_tokenizers, trainers
     from transformers import (
@@ -567,6 +575,9 @@ def save_tiny_hf_vlm(
         )
         image_processor = PaddleOCRVLImageProcessorPil(min_pixels=28 * 28 * 4, max_pixels=max_pixels)
         processor_class = "PaddleOCRVLProcessor"
+    for sub, overrides in ((config.text_config, text_overrides), (config.vision_config, vision_overrides)):
+        for key, value in (overrides or {}).items():
+            setattr(sub, key, value)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config)
     path.mkdir(parents=True, exist_ok=True)

@@ -56,8 +56,8 @@ def test_tiny_folders_load_and_decode(family, tmp_path):
 
 
 def test_an_unsupported_family_names_the_supported_ones(tmp_path, capsys):
-    assert tiny_main(["--family", "qwen3_vl", "--out", str(tmp_path / "x")]) == 2
-    assert "docvlm, qwen2_vl, qwen2_5_vl" in capsys.readouterr().err
+    assert tiny_main(["--family", "llava", "--out", str(tmp_path / "x")]) == 2
+    assert "docvlm, qwen2_vl, qwen2_5_vl, qwen3_vl, paddleocr_vl" in capsys.readouterr().err
 
 
 def test_gradient_checkpointing_recomputes_layers_and_keeps_the_gradients(tokenizer):

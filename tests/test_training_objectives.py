@@ -10,11 +10,13 @@ import torch
 from components.decoding import masks
 from components.training import objectives as obj
 from components.training.darl import (
+    credited_tokens,
     darl_rewards,
     dtpo_loss,
     group_advantages,
     lcp_fraction,
     lcp_length,
+    pickup_slots,
     sample_candidates,
 )
 from components.training.streams import block_stream, compose, window_stream
@@ -68,7 +70,8 @@ def test_group_advantages_are_standardised_per_sample():
 def test_dtpo_gradient_is_minus_advantage_over_tokens_and_candidates():
     logp = torch.log(torch.tensor([[[0.5, 0.25, 0.9], [0.1, 0.2, 0.9]]])).requires_grad_(True)  # B=1, K=2, w=3
     advantages = torch.tensor([[1.0, -1.0]])
-    loss = dtpo_loss(logp, advantages, n_pickup=torch.tensor([2]))  # slot 2 is an INIT slot: ignored
+    credited = pickup_slots(torch.tensor([2]), 3)[:, None, :].expand(1, 2, 3).float()  # slot 2 is an INIT slot
+    loss = dtpo_loss(logp, advantages, credited)
     assert loss.item() == pytest.approx(0.0)  # ratio is 1 in value; advantages sum to 0
     loss.sum().backward()
     expected = torch.tensor([[[-1 / (2 * 2), -1 / (2 * 2), 0.0], [1 / (2 * 2), 1 / (2 * 2), 0.0]]])
@@ -77,9 +80,31 @@ def test_dtpo_gradient_is_minus_advantage_over_tokens_and_candidates():
 
 def test_dtpo_without_pickup_is_zero_but_keeps_the_graph():
     logp = torch.zeros(1, 4, 3, requires_grad=True)
-    loss = dtpo_loss(logp, torch.randn(1, 4), n_pickup=torch.tensor([0]))
+    loss = dtpo_loss(logp, torch.randn(1, 4), torch.zeros(1, 4, 3))
     loss.sum().backward()
     assert loss.item() == 0.0 and logp.grad is not None and logp.grad.abs().sum() == 0
+
+
+def test_lcp_credit_stops_after_each_candidates_first_wrong_token():
+    truth = torch.tensor([[5, 6, 7, 8]])
+    candidates = torch.tensor([[[5, 6, 7, 8], [5, 9, 7, 8], [9, 6, 7, 8]]])  # right, wrong at 1, wrong at 0
+    n_pickup = torch.tensor([3])  # slot 3 is an <INIT> slot
+    lcp = credited_tokens(candidates, truth, n_pickup, "lcp")
+    assert lcp[0].tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]]
+    assert credited_tokens(candidates, truth, n_pickup, "pickup")[0].tolist() == [[1, 1, 1, 0]] * 3
+    # The gradient follows the credit: tokens after a candidate's first error get none.
+    logp = torch.zeros(1, 3, 4, requires_grad=True)
+    dtpo_loss(logp, torch.tensor([[1.0, -0.5, -0.5]]), lcp).sum().backward()
+    assert (logp.grad[0, 1, 2:] == 0).all() and (logp.grad[0, 2, 1:] == 0).all() and (logp.grad[0, 1, :2] != 0).all()
+
+
+def test_edit_reward_scores_partial_windows_where_lcp_gives_nothing():
+    truth = torch.tensor([[5, 6, 7, 8]])
+    candidates = torch.tensor([[[9, 6, 7, 8], [9, 9, 9, 9]]])
+    rerun = candidates.clone()
+    r1_lcp, _ = darl_rewards(candidates, rerun, truth, torch.tensor([4]), "lcp")
+    r1_edit, _ = darl_rewards(candidates, rerun, truth, torch.tensor([4]), "edit")
+    assert r1_lcp[0].tolist() == [0.0, 0.0] and r1_edit[0].tolist() == pytest.approx([0.75, 0.0])
 
 
 def test_candidates_greedy_first_then_distinct_samples():
@@ -338,7 +363,7 @@ def test_every_objective_trains_the_whole_model(tokenizer, objectives, dar):
 
 
 # ----- DARL wiring: each test fails when one link of OMTG -> rewards -> DTPO is broken ----------------
-def _darl_setup(tokenizer, monkeypatch, *, dtpo_coef: float = 1.0, temperature: float = 0.7):
+def _darl_setup(tokenizer, monkeypatch, *, dtpo_coef: float = 1.0, temperature: float = 0.7, **darl):
     from components.training.config import parse_train_config
     from components.training.mix import ObjectiveMix
     from models.loading import new_tiny_model
@@ -348,7 +373,7 @@ def _darl_setup(tokenizer, monkeypatch, *, dtpo_coef: float = 1.0, temperature: 
         "name": "t", "output_dir": "var/unused", "deepspeed": "configs/deepspeed/zero0.json",
         "model": {"bootstrap": {}}, "data": {"dataset": "var/unused", "max_tokens": 40},
         "objectives": {"darl": 1.0}, "dar": {"window": 6},
-        "darl": {"dtpo_coef": dtpo_coef, "temperature": temperature}, "train": {"steps": 1},
+        "darl": {"dtpo_coef": dtpo_coef, "temperature": temperature, **darl}, "train": {"steps": 1},
     })
     batch = _two_page_batch(tokenizer, model, 40)
     # Both samples get 3 pickup slots, so DTPO has candidates to act on.
@@ -415,9 +440,9 @@ def test_look_ahead_reward_reads_each_candidate(tokenizer, monkeypatch):
     captured = {}
     real = mix_module.darl_rewards
 
-    def capturing(candidates, rerun, slot_truth, n_pickup):
+    def capturing(candidates, rerun, slot_truth, n_pickup, *rest):
         captured.update(candidates=candidates, rerun=rerun)
-        return real(candidates, rerun, slot_truth, n_pickup)
+        return real(candidates, rerun, slot_truth, n_pickup, *rest)
 
     monkeypatch.setattr(mix_module, "darl_rewards", capturing)
     model, mix, batch = _darl_setup(tokenizer, monkeypatch, temperature=5.0)
@@ -432,6 +457,39 @@ def test_look_ahead_reward_reads_each_candidate(tokenizer, monkeypatch):
             logits = mix._ban(_plain_causal_logits(model, _row_prefix(prefix, b), ids))[0]
             expected = logits[committed : committed + candidates.shape[2]].argmax(-1)
             assert rerun[b, k].tolist() == expected.tolist(), (b, k)
+
+
+@pytest.mark.parametrize("context", ["candidate", "init"])
+def test_dtpo_log_probs_come_from_the_configured_context(tokenizer, monkeypatch, context):
+    """Fails if DTPO reads the wrong distribution: with ``candidate`` (default), candidate k's
+    log-prob at slot j is that of a plain causal forward over [sequence up to c, candidate k]
+    (what SDB verifies); with ``init`` (the authors' code), of [sequence up to c, <INIT> x w]."""
+    import components.training.mix as mix_module
+
+    captured = {}
+    real = mix_module.dtpo_loss
+
+    def capturing(token_logp, advantages, credited):
+        captured.update(token_logp=token_logp.detach(), credited=credited)
+        return real(token_logp, advantages, credited)
+
+    monkeypatch.setattr(mix_module, "dtpo_loss", capturing)
+    real_sample = mix_module.sample_candidates
+    monkeypatch.setattr(mix_module, "sample_candidates", lambda *a, **k: captured.setdefault("cands", real_sample(*a, **k)))
+    model, mix, batch = _darl_setup(tokenizer, monkeypatch, temperature=5.0, policy_context=context)
+    mix(batch, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        prefix = model.encode_pages(batch.pages)
+    candidates, logp = captured["cands"], captured["token_logp"]
+    init = tokenizer.convert_tokens_to_ids("<INIT>")
+    for b, committed in enumerate((2, 5)):
+        for k in range(candidates.shape[1]):
+            window = candidates[b, k] if context == "candidate" else torch.full_like(candidates[b, k], init)
+            ids = torch.cat([batch.tokens[b, : committed + 1], window])[None]
+            logits = mix._ban(_plain_causal_logits(model, _row_prefix(prefix, b), ids))[0]
+            slots = logits[committed : committed + 3].log_softmax(-1)  # 3 pickup slots
+            expected = slots.gather(-1, candidates[b, k, :3, None]).squeeze(-1)
+            assert torch.allclose(logp[b, k, :3], expected, atol=1e-4), (b, k)
 
 
 def _row_prefix(prefix, row: int):
@@ -471,3 +529,20 @@ def test_chunked_ce_keeps_no_fp32_copy_of_all_logits_for_backward():
     assert sum(saved_fp32) < 16 * 101  # without per-chunk recomputation: 128 x 101 fp32 kept
     loss.backward()
     assert logits.grad is not None and logits.grad.shape == logits.shape
+
+
+def test_the_darl_ablation_script_trains_and_benchmarks_its_rows(tmp_path):
+    """``benchmarks.darl_ablation`` end to end at a toy size: each row trains from the base,
+    SDB is benchmarked against AR on held-out pages, and a second run reuses the finished rows."""
+    import json
+
+    from benchmarks.darl_ablation import main
+
+    argv = ["--rows", "ar,immediate", "--seeds", "0", "--steps", "2", "--train-pages", "8", "--eval-pages", "2",
+            "--max-new-tokens", "12", "--no-mlflow", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "darl_ablation.json").read_text())["rows"]
+    assert rows["immediate"]["same_as_ar"]["median"] == 1.0  # greedy SDB = greedy AR
+    assert "zero_advantage" in rows["immediate"] and "zero_advantage" not in rows["ar"]
+    trained = (tmp_path / "runs" / "immediate-seed0" / "model" / "training_meta.json").stat().st_mtime
+    assert main(argv) == 0 and (tmp_path / "runs" / "immediate-seed0" / "model" / "training_meta.json").stat().st_mtime == trained

@@ -99,6 +99,11 @@ class DarlSection(_Strict):
     dtpo_coef: float = Field(0.1, ge=0.0)
     advantage_eps: float = Field(1e-4, gt=0.0)
     max_retries: int = Field(20, ge=0)  # duplicate-candidate resampling budget per sample
+    # See components/training/darl.py for why these defaults differ from the authors' code.
+    policy_context: Literal["candidate", "init"] = "candidate"  # where DTPO's log-probs come from
+    credit: Literal["lcp", "pickup"] = "lcp"  # which candidate tokens get the advantage
+    reward: Literal["lcp", "edit"] = "lcp"
+    lookahead: bool = True  # r2 (the look-ahead reward) on top of r1
 
 
 class BlockDiffusionSection(_Strict):

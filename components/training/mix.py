@@ -4,9 +4,9 @@ One set of weights serves every decoder, so one step trains them together: the c
 pass carries the AR loss and is the context of a DARL window stream, a MinerU bidirectional
 noisy stream and a PA-BDM causal noisy stream, all in a single forward (see
 :mod:`components.training.streams`). The DARL fine-tune adds one forward before it: the
-rollout over ``[.. c, <INIT> x w]`` whose logits give OMTG its candidates and DTPO its
-log-probs; the main forward then carries the K candidate windows (candidate 0 gets the DAR
-loss, all K give the look-ahead reward).
+rollout over ``[.. c, <INIT> x w]`` whose logits give OMTG its candidates; the main forward then
+carries the K candidate windows (candidate 0 gets the DAR loss, all K give the look-ahead reward
+and, by default, DTPO's log-probs: see :mod:`components.training.darl`).
 
 Loss = sum over objectives of weight_k * mean_b(sample_weight_b * loss_k,b).
 """
@@ -18,7 +18,15 @@ from torch import nn
 
 from components.training import objectives as obj
 from components.training.config import TrainConfig
-from components.training.darl import darl_rewards, dtpo_loss, group_advantages, sample_candidates
+from components.training.darl import (
+    credited_tokens,
+    darl_rewards,
+    dtpo_loss,
+    group_advantages,
+    lcp_length,
+    pickup_slots,
+    sample_candidates,
+)
 from components.training.data import Batch
 from components.training.streams import Layout, Stream, block_stream, compose, window_stream
 from models.interface import PagePrefix, TrainableMarkupLM
@@ -92,13 +100,13 @@ class ObjectiveMix(nn.Module):
             streams.append(window_stream("dar", obj.window_inputs(plan, drafts, self.ids["init"]), plan.offsets))
         if "darl" in self.weights:
             cfg = self.darl_config
-            rollout = self._ban(self._rollout_slot_logits(batch, prefix, plan))  # with grad: DTPO's policy
+            # The rollout keeps its graph only when DTPO's log-probs come from it (the authors' choice).
+            with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.policy_context == "init"):
+                rollout = self._ban(self._rollout_slot_logits(batch, prefix, plan))
             candidates = sample_candidates(
                 rollout, plan.n_pickup, cfg.candidates, cfg.temperature, self.ids["init"], cfg.max_retries, generator
             )
             safe = torch.where(plan.pickup_mask()[:, None, :], candidates, rollout.argmax(dim=-1)[:, None, :])
-            log_probs = rollout.log_softmax(dim=-1)
-            token_logp = log_probs[:, None].expand(-1, cfg.candidates, -1, -1).gather(-1, safe[..., None]).squeeze(-1)
             for k in range(cfg.candidates):
                 streams.append(window_stream(f"candidate{k}", candidates[:, k], plan.offsets))
         if "block_diffusion" in self.weights:
@@ -121,15 +129,20 @@ class ObjectiveMix(nn.Module):
         if "darl" in self.weights:
             cfg = self.darl_config
             dar = obj.dar_loss(clean, layout.stream_logits(logits, "candidate0"), truth, plan)
+            # (B, K, w, V) logits of each slot with candidate k as the window's drafts: what SDB verifies.
+            candidate_logits = torch.stack(
+                [self._ban(obj.slot_logits(clean, layout.stream_logits(logits, f"candidate{k}"), plan))
+                 for k in range(cfg.candidates)], dim=1)
             with torch.no_grad():
-                rerun = torch.stack(
-                    [self._ban(obj.slot_logits(clean, layout.stream_logits(logits, f"candidate{k}"), plan)).argmax(-1)
-                     for k in range(cfg.candidates)],
-                    dim=1,
-                )
-                r1, r2 = darl_rewards(candidates, rerun, slot_truth, plan.n_pickup)
-                advantages = group_advantages(r1 + r2, cfg.advantage_eps)
-            dtpo = dtpo_loss(token_logp, advantages, plan.n_pickup)
+                rerun = candidate_logits.argmax(-1)
+                r1, r2 = darl_rewards(candidates, rerun, slot_truth, plan.n_pickup, cfg.reward)
+                rewards = r1 + r2 if cfg.lookahead else r1
+                advantages = group_advantages(rewards, cfg.advantage_eps)
+            policy = candidate_logits if cfg.policy_context == "candidate" else rollout[:, None]
+            token_logp = policy.log_softmax(dim=-1).expand(-1, cfg.candidates, -1, -1).gather(
+                -1, safe[..., None]).squeeze(-1)
+            credited = credited_tokens(candidates, slot_truth, plan.n_pickup, cfg.credit)
+            dtpo = dtpo_loss(token_logp, advantages, credited)
             terms["darl"] = dar + cfg.dtpo_coef * dtpo
             has_pickup = (plan.n_pickup > 0).float()
             n_with = has_pickup.sum().clamp_min(1)
@@ -137,17 +150,19 @@ class ObjectiveMix(nn.Module):
             metrics["darl_dtpo"] = dtpo.detach().mean()
             metrics["reward_r1"] = (r1.mean(dim=1) * has_pickup).sum() / n_with
             metrics["reward_r2"] = (r2.mean(dim=1) * has_pickup).sum() / n_with
-            metrics["reward_greedy"] = ((r1[:, 0] + r2[:, 0]) * has_pickup).sum() / n_with
+            metrics["reward_greedy"] = (rewards[:, 0] * has_pickup).sum() / n_with
             # What shows DTPO acting: groups whose candidates all scored alike give it nothing to
-            # learn from, and the advantage-weighted log-likelihood of the candidates (the value
-            # whose gradient DTPO follows; the logged DTPO loss itself is ~0 by construction).
-            rewards = r1 + r2
+            # learn from, and the advantage-weighted log-likelihood of the credited candidate
+            # tokens (the value whose gradient DTPO follows; the logged DTPO loss is ~0 by construction).
             flat = (rewards.max(dim=1).values - rewards.min(dim=1).values) < 1e-6
             metrics["dtpo_zero_advantage"] = (flat.float() * has_pickup).sum() / n_with
+            metrics["reward_mean"] = (rewards.mean(dim=1) * has_pickup).sum() / n_with
             metrics["reward_std"] = (rewards.std(dim=1) * has_pickup).sum() / n_with
-            pickup = plan.pickup_mask().float()[:, None, :]
-            mean_logp = (token_logp.detach() * pickup).sum(-1) / pickup.sum(-1).clamp_min(1)
+            mean_logp = (token_logp.detach() * credited).sum(-1) / credited.sum(-1).clamp_min(1)
             metrics["dtpo_objective"] = ((advantages * mean_logp).mean(dim=1) * has_pickup).sum() / n_with
+            # What SDB would accept from the greedy candidate: its correct prefix, in tokens.
+            greedy_prefix = lcp_length(candidates[:, 0], slot_truth, pickup_slots(plan.n_pickup, candidates.shape[-1]))
+            metrics["greedy_accepted"] = (greedy_prefix.float() * has_pickup).sum() / n_with
         if "block_diffusion" in self.weights:
             terms["block_diffusion"] = obj.masked_diffusion_loss(layout.stream_logits(logits, "mineru"), mineru)
         if "pabdm_csl" in self.weights:
