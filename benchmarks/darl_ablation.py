@@ -20,7 +20,9 @@ Every DARL row keeps the AR term at 0.5 as ``configs/train/darl.yaml`` does. Col
 forwards/page, tokens per forward, SDB's forward reduction against AR, whether SDB's output equals
 AR's, Overall / text edit / TEDS of the greedy output, and from the last quarter of training the
 fraction of candidate groups with no preference (all rewards equal) and the greedy candidate's
-accepted length. Each (row, seed) is one MLflow run (experiment ``darl-ablation``) holding its
+accepted length; and on a fixed probe batch of 8 training pages after training
+(:mod:`components.training.probe`), |grad DTPO| / |grad DAR| (DTPO unweighted), their cosine and
+the greedy accepted length. Each (row, seed) is one MLflow run (experiment ``darl-ablation``) holding its
 training curve and these columns; the table (medians over seeds, min-max) goes to
 ``<out>/darl_ablation.json`` and ``.md``. Finished rows are reused when the script is run again.
 """
@@ -49,7 +51,7 @@ ROWS: dict[str, dict] = {
     "w32": {**DARL, "dar.window": 32},
 }
 COLUMNS = ("sdb_forwards_per_page", "tpf", "forward_reduction", "same_as_ar", "overall", "text_edit", "teds",
-           "zero_advantage", "greedy_accepted")
+           "zero_advantage", "greedy_accepted", "probe_grad_ratio", "probe_grad_cosine", "probe_accepted")
 
 
 def make_pages(out: Path, n_train: int, n_eval: int):
@@ -65,23 +67,45 @@ def make_pages(out: Path, n_train: int, n_eval: int):
     return stores
 
 
-def train_row(row: str, seed: int, args, train_pages: Path) -> tuple[Path, list[dict], str | None]:
+def row_config(row: str, seed: int, args, train_pages: Path):
     from components.training.config import load_train_config
-    from components.training.trainer import MODEL_DIR, TRAINING_META, run_training
 
-    output = args.out / "runs" / f"{row}-seed{seed}"
-    if (output / MODEL_DIR / TRAINING_META).is_file():  # finished in an earlier invocation
-        history = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        return output / MODEL_DIR, history, json.loads((output / MODEL_DIR / TRAINING_META).read_text())["mlflow_run_id"]
-    config = load_train_config(ROOT / "configs/train/darl.yaml", {
-        "name": f"darl-ablation-{row}-seed{seed}", "seed": seed, "output_dir": str(output),
+    return load_train_config(ROOT / "configs/train/darl.yaml", {
+        "name": f"darl-ablation-{row}-seed{seed}", "seed": seed, "output_dir": str(args.out / "runs" / f"{row}-seed{seed}"),
         "model.init_from": str(args.base), "data.dataset": str(train_pages), "data.max_tokens": args.max_tokens,
         "train.steps": args.steps, "train.micro_batch_size": args.micro_batch, "train.save_every": None,
         "train.progress": False, "mlflow.enabled": args.mlflow, "mlflow.experiment": "darl-ablation",
         "deepspeed": "configs/deepspeed/zero0.json", **ROWS[row],
     })
+
+
+def train_row(config) -> tuple[Path, list[dict], str | None]:
+    """Train one (row, seed), or reuse it when an earlier invocation finished it with this config."""
+    from components.training.trainer import MODEL_DIR, TRAINING_META, run_training
+
+    output = config.path(config.output_dir)
+    meta_file = output / MODEL_DIR / TRAINING_META
+    if meta_file.is_file() and json.loads(meta_file.read_text())["config"] == config.model_dump(mode="json"):
+        history = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        return output / MODEL_DIR, history, json.loads(meta_file.read_text())["mlflow_run_id"]
     result = run_training(config)
     return result.model_dir, result.history, result.mlflow_run_id
+
+
+def probe_row(model_dir: Path, config, train_pages: Path, n_pages: int = 8) -> dict[str, float]:
+    """DTPO's gradient against DAR's and the DARL signals on a fixed batch of training pages."""
+    from components.training.data import collate, load_examples
+    from components.training.probe import dtpo_gradient_probe
+    from models.loading import load_markup_model
+
+    if "darl" not in config.active_objectives:
+        return {}
+    model, tokenizer = load_markup_model(model_dir)
+    examples = load_examples(train_pages, tokenizer, config.data.max_tokens)
+    batch = collate([examples[i] for i in range(n_pages)], tokenizer.pad_token_id, 0.0, model.cpu_preprocessor())
+    probe = dtpo_gradient_probe(model, config, batch)
+    return {"probe_grad_ratio": probe["grad_ratio"], "probe_grad_cosine": probe["grad_cosine"],
+            "probe_accepted": probe["greedy_accepted"]}
 
 
 def evaluate_row(model_dir: Path, window: int, eval_store, max_new_tokens: int) -> dict[str, float]:
@@ -132,7 +156,7 @@ def summarise(results: dict[str, list[dict]]) -> tuple[dict, str]:
     for row, runs in results.items():
         cells, stats = [], {}
         for column in COLUMNS:
-            values = [run[column] for run in runs if run[column] == run[column]]
+            values = [run[column] for run in runs if column in run and run[column] == run[column]]
             if not values:
                 cells.append("–")
                 continue
@@ -169,8 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         window = int(ROWS[row].get("dar.window", 16))
         for seed in seeds:
-            model_dir, history, run_id = train_row(row, seed, args, train_store.root)
-            values = {**evaluate_row(model_dir, window, eval_store, args.max_new_tokens), **training_signals(history)}
+            config = row_config(row, seed, args, train_store.root)
+            model_dir, history, run_id = train_row(config)
+            values = {**evaluate_row(model_dir, window, eval_store, args.max_new_tokens), **training_signals(history),
+                      **probe_row(model_dir, config, train_store.root)}
             log_to_mlflow(run_id, values)
             results.setdefault(row, []).append(values)
             print(f"[darl_ablation] {row} seed {seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items()), flush=True)

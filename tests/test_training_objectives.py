@@ -363,18 +363,23 @@ def test_every_objective_trains_the_whole_model(tokenizer, objectives, dar):
 
 
 # ----- DARL wiring: each test fails when one link of OMTG -> rewards -> DTPO is broken ----------------
-def _darl_setup(tokenizer, monkeypatch, *, dtpo_coef: float = 1.0, temperature: float = 0.7, **darl):
+def _darl_config(dtpo_coef: float, temperature: float, **darl):
     from components.training.config import parse_train_config
-    from components.training.mix import ObjectiveMix
-    from models.loading import new_tiny_model
 
-    model = new_tiny_model(tokenizer, seed=0).eval()  # eval: no dropout, so runs compare exactly
-    config = parse_train_config({
+    return parse_train_config({
         "name": "t", "output_dir": "var/unused", "deepspeed": "configs/deepspeed/zero0.json",
         "model": {"bootstrap": {}}, "data": {"dataset": "var/unused", "max_tokens": 40},
         "objectives": {"darl": 1.0}, "dar": {"window": 6},
         "darl": {"dtpo_coef": dtpo_coef, "temperature": temperature, **darl}, "train": {"steps": 1},
     })
+
+
+def _darl_setup(tokenizer, monkeypatch, *, dtpo_coef: float = 1.0, temperature: float = 0.7, **darl):
+    from components.training.mix import ObjectiveMix
+    from models.loading import new_tiny_model
+
+    model = new_tiny_model(tokenizer, seed=0).eval()  # eval: no dropout, so runs compare exactly
+    config = _darl_config(dtpo_coef, temperature, **darl)
     batch = _two_page_batch(tokenizer, model, 40)
     # Both samples get 3 pickup slots, so DTPO has candidates to act on.
     monkeypatch.setattr(obj, "sample_window_plan", lambda lengths, window, generator=None: obj.WindowPlan(
@@ -546,3 +551,19 @@ def test_the_darl_ablation_script_trains_and_benchmarks_its_rows(tmp_path):
     assert "zero_advantage" in rows["immediate"] and "zero_advantage" not in rows["ar"]
     trained = (tmp_path / "runs" / "immediate-seed0" / "model" / "training_meta.json").stat().st_mtime
     assert main(argv) == 0 and (tmp_path / "runs" / "immediate-seed0" / "model" / "training_meta.json").stat().st_mtime == trained
+
+
+def test_the_dtpo_probe_separates_dtpo_gradient_from_dar(tokenizer, monkeypatch):
+    """The probe's DTPO gradient is the difference of two identical-draw runs: non-zero when the
+    advantages are, zero when every candidate scored alike."""
+    import components.training.mix as mix_module
+    from components.training.probe import dtpo_gradient_probe
+
+    model, _, batch = _darl_setup(tokenizer, monkeypatch)
+    config = _darl_config(dtpo_coef=0.1, temperature=0.7)
+    flat = dtpo_gradient_probe(model, config, batch)
+    assert flat["grad_ratio"] == 0.0 and flat["zero_advantage"] == 1.0  # untrained: all candidates wrong
+    monkeypatch.setattr(mix_module, "group_advantages",
+                        lambda rewards, eps=1e-4: torch.tensor([[1.0, -1.0, 0.5, -0.5]]).expand_as(rewards))
+    probe = dtpo_gradient_probe(model, config, batch)
+    assert probe["grad_ratio"] > 0.0 and -1.0 <= probe["grad_cosine"] <= 1.0
