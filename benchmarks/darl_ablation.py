@@ -92,15 +92,14 @@ def train_row(config) -> tuple[Path, list[dict], str | None]:
     return result.model_dir, result.history, result.mlflow_run_id
 
 
-def probe_row(model_dir: Path, config, train_pages: Path, n_pages: int = 8) -> dict[str, float]:
+def probe_row(engine, config, train_pages: Path, n_pages: int = 8) -> dict[str, float]:
     """DTPO's gradient against DAR's and the DARL signals on a fixed batch of training pages."""
     from components.training.data import collate, load_examples
     from components.training.probe import dtpo_gradient_probe
-    from models.loading import load_markup_model
 
     if "darl" not in config.active_objectives:
         return {}
-    model, tokenizer = load_markup_model(model_dir)
+    model, tokenizer = engine.model, engine.tokenizer
     examples = load_examples(train_pages, tokenizer, config.data.max_tokens)
     batch = collate([examples[i] for i in range(n_pages)], tokenizer.pad_token_id, 0.0, model.cpu_preprocessor())
     probe = dtpo_gradient_probe(model, config, batch)
@@ -108,12 +107,10 @@ def probe_row(model_dir: Path, config, train_pages: Path, n_pages: int = 8) -> d
             "probe_accepted": probe["greedy_accepted"]}
 
 
-def evaluate_row(model_dir: Path, window: int, eval_store, max_new_tokens: int) -> dict[str, float]:
-    from components.decoding.engine import DecodingEngine
+def evaluate_row(engine, window: int, eval_store, max_new_tokens: int) -> dict[str, float]:
     from components.decoding.types import DecodeParams
     from components.evaluation.evaluate import evaluate_decoders
 
-    engine = DecodingEngine.from_pretrained(model_dir)
     report = evaluate_decoders(engine, eval_store, [DecodeParams(decoder="ar", max_new_tokens=max_new_tokens),
                                                     DecodeParams(decoder="sdb", window=window, max_new_tokens=max_new_tokens)])
     ar, sdb = report.decoders["ar"], report.decoders["sdb"]
@@ -188,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
+    from components.decoding.engine import DecodingEngine
+
     train_store, eval_store = make_pages(args.out, args.train_pages, args.eval_pages)
     results: dict[str, list[dict]] = {}
     for row in rows:
@@ -195,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             config = row_config(row, seed, args, train_store.root)
             model_dir, history, run_id = train_row(config)
-            values = {**evaluate_row(model_dir, window, eval_store, args.max_new_tokens), **training_signals(history),
-                      **probe_row(model_dir, config, train_store.root)}
+            engine = DecodingEngine.from_pretrained(model_dir)  # one load serves decoding and the probe
+            values = {**evaluate_row(engine, window, eval_store, args.max_new_tokens), **training_signals(history),
+                      **probe_row(engine, config, train_store.root)}
             log_to_mlflow(run_id, values)
             results.setdefault(row, []).append(values)
             print(f"[darl_ablation] {row} seed {seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items()), flush=True)

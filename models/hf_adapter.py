@@ -320,9 +320,6 @@ class HFMarkupModel(nn.Module):
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
         self.hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
 
-    def get_input_embeddings(self) -> nn.Module:
-        return self.hf.get_input_embeddings()
-
     # ----- prompts ----------------------------------------------------------------------------
     def chat_prompt(self) -> str:
         """The page prompt text with one (unexpanded) image placeholder."""
@@ -396,9 +393,10 @@ class HFMarkupModel(nn.Module):
         copied = [name for name in PROCESSOR_FILES if self.source is not None and (self.source / name).is_file()]
         for name in copied:
             shutil.copyfile(self.source / name, path / name)
-        if not copied:
+        if not copied:  # wrapped in memory: write what the processor holds
             self.processor.image_processor.save_pretrained(str(path))
-            (path / "chat_template.jinja").write_text(_read_chat_template(path, tokenizer) or "", encoding="utf-8")
+            if self.processor.chat_template:
+                (path / "chat_template.jinja").write_text(self.processor.chat_template, encoding="utf-8")
         return path
 
     # ----- decoding half (MarkupLM) -------------------------------------------------------------

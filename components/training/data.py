@@ -56,20 +56,14 @@ class Batch:
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Batch:
         return Batch(
-            pages=_move_pages(self.pages, device, dtype),
+            # a pixel tensor or a processor's BatchFeature (which casts only its floating tensors)
+            pages=self.pages.to(device=device, dtype=dtype),
             tokens=self.tokens.to(device),
             lengths=self.lengths.to(device),
             ends_with_eos=self.ends_with_eos.to(device),
             weights=self.weights.to(device),
             page_ids=self.page_ids,
         )
-
-
-def _move_pages(pages: PageInputs, device: torch.device | str, dtype: torch.dtype | None) -> PageInputs:
-    """A pixel tensor, or a processor's BatchFeature (whose ``to`` casts only floating tensors)."""
-    if isinstance(pages, torch.Tensor):
-        return pages.to(device, dtype or pages.dtype)
-    return pages.to(device=device, dtype=dtype) if dtype is not None else pages.to(device=device)
 
 
 def encode_markup(tokenizer: PreTrainedTokenizerFast, markup: str, max_tokens: int) -> tuple[list[int], bool]:
