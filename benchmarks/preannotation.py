@@ -1,0 +1,457 @@
+"""Pre-annotation on real pages: documentation PDFs that Debian ships, every backend that runs here.
+
+    python -m benchmarks.preannotation [--backends rapidocr,rapidocr_heuristic,rapidocr_fullres_heuristic,model]
+                                       [--pages NAME,...] [--repeats 1] [--model DIR] [--paddle-model DIR]
+                                       [--out var/bench/preannotation]
+
+The pages (``PAGES``) come from five Debian packages fetched with ``apt-get download`` and
+unpacked with ``dpkg-deb -x`` (cached under ``var/bench/preannotation/debian``; nothing is
+installed): the ACM ``sigconf`` sample (two columns, booktabs tables with their LaTeX source,
+display math), the amsmath user guide (math, verbatim code), the ``listings`` manual (code
+listings, line-numbered ones included), *An Introduction to R* (code, prose) and the gnuplot
+manual. Pages are rendered at 150 dpi with pdfium.
+
+Ground truth: the PDF text layer (character boxes in content order, which for these
+LaTeX/Texinfo documents is reading order, column by column); its page furniture (running heads
+and folios: a line in the top or bottom 15 % of the page that is a page number or recurs on a
+neighbouring page, or the top or bottom line standing apart) is found from the text layer too, never from the annotators. Tables: the header row and body of each ruled table, copied from the
+LaTeX source shipped in the same package. Code: one distinctive line of each listing.
+
+Per page and as means it prints: body text edit (OmniDocBench's text normalisation: NFKC,
+only word characters kept, Levenshtein / longer length), furniture removed (furniture lines
+whose box no markup element overlaps), tables found (a predicted ``<table>`` whose first row
+is the source's header row) and their TEDS, code listings emitted as tables, and seconds per
+page (backends interleaved page by page; ``--repeats`` times each, median) and each backend's
+time per page relative to the first one. It is a benchmark, not a test: ``tests/test_preannotation_real_pages.py`` keeps a few of
+its pages (committed as images with their ground truth) as regression tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from PIL import Image
+
+from components.data.markup import parse_markup
+from components.metrics.table import teds
+from components.metrics.text import clean_text, latex_to_unicode, normalized_edit_distance
+from components.services.process import VAR_DIR
+
+DPI = 150
+FURNITURE_BAND = 0.15  # top and bottom fraction of the page where running heads and folios may sit
+TEXLIVE = "usr/share/doc/texlive-doc/latex"
+
+
+@dataclass(frozen=True)
+class Document:
+    package: str
+    path: str  # inside the unpacked package
+
+
+DOCUMENTS = {
+    "sigconf": Document("texlive-publishers-doc", f"{TEXLIVE}/acmart/samples/sample-sigconf.pdf"),
+    "amsldoc": Document("texlive-latex-base-doc", f"{TEXLIVE}/amsmath/amsldoc.pdf"),
+    "listings": Document("texlive-latex-recommended-doc", f"{TEXLIVE}/listings/listings.pdf"),
+    "rintro": Document("r-doc-pdf", "usr/share/R/doc/manual/R-intro.pdf"),
+    "gnuplot": Document("gnuplot-doc", "usr/share/doc/gnuplot/gnuplot.pdf"),
+}
+
+# Tables of sample-sigconf.tex (lines 513-522 and 537-545), cells as typeset.
+_SIGCONF_TABLE_1 = [["Non-English or Math", "Frequency", "Comments"], ["Ø", "1 in 1,000", "For Swedish names"],
+                    ["π", "1 in 5", "Common in math"], ["$", "4 in 5", "Used in business"],
+                    ["Ψ21", "1 in 40,000", "Unexplained usage"]]
+_SIGCONF_TABLE_2 = [["Command", "A Number", "Comments"], ["\\author", "100", "Author"],
+                    ["\\table", "300", "For tables"], ["\\table*", "400", "For wider tables"]]
+
+
+@dataclass(frozen=True)
+class BenchPage:
+    name: str
+    document: str
+    index: int  # 0-based page index in the PDF
+    tables: tuple = ()  # each a list of rows of cell texts, header row first
+    code: tuple[str, ...] = ()  # one distinctive line of each code listing on the page
+    two_column: bool = False
+
+
+PAGES = (
+    BenchPage("sigconf-1", "sigconf", 1, two_column=True),
+    BenchPage("sigconf-2", "sigconf", 2, tables=(_SIGCONF_TABLE_1,), two_column=True),
+    BenchPage("sigconf-3", "sigconf", 3, tables=(_SIGCONF_TABLE_2,), two_column=True),
+    BenchPage("amsldoc-4", "amsldoc", 4),
+    BenchPage("amsldoc-10", "amsldoc", 10),
+    BenchPage("amsldoc-20", "amsldoc", 20),
+    BenchPage("listings-5", "listings", 5, code=("end;",)),
+    BenchPage("listings-20", "listings", 20, code=("j:=square(root(i));",)),
+    BenchPage("rintro-10", "rintro", 10),
+    BenchPage("rintro-30", "rintro", 30),
+    BenchPage("gnuplot-30", "gnuplot", 30),
+    BenchPage("gnuplot-60", "gnuplot", 60),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# documents and ground truth
+
+
+def fetch_documents(cache: Path, names: set[str]) -> dict[str, Path]:
+    """The PDFs of ``names``, downloading and unpacking their Debian packages once."""
+    unpacked = cache / "root"
+    unpacked.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name in sorted(names):
+        doc = DOCUMENTS[name]
+        pdf = unpacked / doc.path
+        if not pdf.exists():
+            debs = cache / "debs"
+            debs.mkdir(parents=True, exist_ok=True)
+            found = sorted(debs.glob(f"{doc.package}_*.deb"))
+            if not found:
+                print(f"[bench] apt-get download {doc.package}", file=sys.stderr)
+                result = subprocess.run(["apt-get", "download", doc.package], cwd=debs, capture_output=True, text=True)
+                found = sorted(debs.glob(f"{doc.package}_*.deb"))
+                if result.returncode != 0 or not found:
+                    raise SystemExit(f"could not download Debian package {doc.package} (apt-get download: "
+                                     f"{result.stderr.strip()[-300:]}); run `apt-get update` first or copy the .deb "
+                                     f"into {debs}")
+            subprocess.run(["dpkg-deb", "-x", str(found[-1]), str(unpacked)], check=True)
+            if not pdf.exists():
+                raise SystemExit(f"{doc.package} has no {doc.path}")
+        paths[name] = pdf
+    return paths
+
+
+@dataclass
+class TextLine:
+    text: str
+    box: tuple[float, float, float, float]  # image pixels at DPI: x0, y0, x1, y1
+
+
+@dataclass
+class PageTruth:
+    body: list[TextLine] = field(default_factory=list)
+    furniture: list[TextLine] = field(default_factory=list)
+
+    def body_text(self) -> str:
+        return " ".join(line.text for line in self.body)
+
+
+def text_layer_lines(page) -> list[TextLine]:
+    """The page's text layer as lines (content order), boxes in image pixels at :data:`DPI`."""
+    textpage = page.get_textpage()
+    _, height = page.get_size()
+    scale = DPI / 72
+    lines: list[TextLine] = []
+    chars: list[str] = []
+    boxes: list[tuple[float, float, float, float]] = []
+
+    def flush() -> None:
+        text = "".join(chars).replace("\ufffe", "").replace("\x02", "").strip()
+        if text and boxes:
+            x0, y0 = min(b[0] for b in boxes), min(b[1] for b in boxes)
+            x1, y1 = max(b[2] for b in boxes), max(b[3] for b in boxes)
+            lines.append(TextLine(text, (x0 * scale, (height - y1) * scale, x1 * scale, (height - y0) * scale)))
+        chars.clear()
+        boxes.clear()
+
+    for i in range(textpage.count_chars()):
+        char = textpage.get_text_range(i, 1)
+        if char in ("\r", "\n"):
+            if char == "\n" or not chars or chars[-1] not in ("\ufffe", "\x02"):
+                flush()
+            continue
+        chars.append(char)
+        if not char.isspace():
+            boxes.append(textpage.get_charbox(i))
+    flush()
+    return lines
+
+
+def _masked(text: str) -> str:
+    return re.sub(r"\d+", "#", " ".join(text.split()))
+
+
+def _edge_lines(lines: list[TextLine], page_height: float) -> list[TextLine]:
+    """Lines in the top or bottom :data:`FURNITURE_BAND` of the page."""
+    band = FURNITURE_BAND * page_height
+    return [line for line in lines if line.box[3] <= band or line.box[1] >= page_height - band]
+
+
+def page_truth(pdf, index: int) -> PageTruth:
+    """Body and furniture lines of one PDF page.
+
+    Furniture is a line near the top or bottom edge whose text, digits masked, recurs near an
+    edge of a neighbouring page (a running head: letters, not just a number), or the page's topmost or bottommost line
+    when it is a bare page number or stands apart (gap over 1.5 line heights); everything
+    else, in text-layer order, is body (footnotes included).
+    """
+    height = pdf[index].get_size()[1] * DPI / 72
+    neighbours = set()
+    for other in (index - 2, index - 1, index + 1, index + 2):
+        if 0 <= other < len(pdf):
+            neighbours |= {_masked(line.text) for line in _edge_lines(text_layer_lines(pdf[other]), height)}
+    lines = text_layer_lines(pdf[index])
+    edge = {id(line) for line in _edge_lines(lines, height)}
+    by_top = sorted(lines, key=lambda line: line.box[1])
+    extremes = {}
+    if len(by_top) >= 2:
+        top, second = by_top[0], by_top[1]
+        extremes[id(top)] = second.box[1] - top.box[3]
+        by_bottom = sorted(lines, key=lambda line: -line.box[3])
+        bottom, second = by_bottom[0], by_bottom[1]
+        extremes[id(bottom)] = bottom.box[1] - second.box[3]
+    truth = PageTruth()
+    for line in lines:
+        line_height = line.box[3] - line.box[1]
+        folio = re.fullmatch(r"[0-9]+|[ivxlc]+", line.text.strip(), re.IGNORECASE) is not None
+        apart = id(line) in extremes and (folio or extremes[id(line)] > 1.5 * line_height)
+        running = re.search(r"[^\W\d]{2}", line.text) is not None and _masked(line.text) in neighbours
+        furniture = id(line) in edge and (apart or running)
+        (truth.furniture if furniture else truth.body).append(line)
+    return truth
+
+
+# ---------------------------------------------------------------------------------------------
+# scoring
+
+
+def normalized(text: str) -> str:
+    return clean_text(unicodedata.normalize("NFKC", text))
+
+
+def markup_body_text(markup: str) -> str:
+    """Reading text of a markup: titles, paragraphs, code, table cells, formulas as Unicode."""
+    from lxml import html as lxml_html
+
+    parts = []
+    for block in parse_markup(markup):
+        if block.category == "table":
+            parts.append(" ".join(lxml_html.fromstring(block.content).itertext()))
+        elif block.category == "formula":
+            try:
+                parts.append(latex_to_unicode(block.content))
+            except Exception:  # pylatexenc raises many types on malformed LaTeX; keep it raw
+                parts.append(block.content)
+        else:
+            parts.append(block.content)
+    return " ".join(parts)
+
+
+def _covered(line: tuple, boxes: list[tuple]) -> bool:
+    """Whether the ``boxes`` together cover at least half of ``line`` (a furniture line may be
+    read as several boxes: a running head's left and right halves)."""
+    area = (line[2] - line[0]) * (line[3] - line[1])
+    inside = 0.0
+    for box in boxes:
+        width = min(box[2], line[2]) - max(box[0], line[0])
+        height = min(box[3], line[3]) - max(box[1], line[1])
+        inside += max(0.0, width) * max(0.0, height)
+    return inside >= 0.5 * area
+
+
+def table_rows(table_html: str) -> list[list[str]]:
+    from lxml import html as lxml_html
+
+    root = lxml_html.fromstring(table_html)
+    return [[" ".join("".join(cell.itertext()).split()) for cell in row.xpath("./td|./th")] for row in root.iter("tr")]
+
+
+def rows_to_html(rows: list[list[str]]) -> str:
+    import html
+
+    return "<table>" + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                               for row in rows) + "</table>"
+
+
+def score_page(bench: BenchPage, truth: PageTruth, annotation, seconds: float) -> dict:
+    """One page's numbers for one backend (``annotation``: a :class:`PreAnnotation`)."""
+    markup = annotation.markup
+    body_edit = normalized_edit_distance(normalized(markup_body_text(markup)), normalized(truth.body_text()))
+    kept = [e for e in annotation.elements if e.category not in ("header", "footer", "figure")]
+    has_boxes = bool(annotation.elements)
+    removed = 0
+    for line in truth.furniture:
+        if has_boxes:
+            removed += not _covered(line.box, [e.bbox for e in kept])
+        else:  # a markup-only backend: the furniture's text must not be in the markup
+            removed += normalized(line.text) not in normalized(markup_body_text(markup))
+    predicted_tables = [b.content for b in parse_markup(markup) if b.category == "table"]
+    found, table_teds = 0, []
+    for rows in bench.tables:
+        header = normalized(" ".join(rows[0]))
+        scores = [teds(html, rows_to_html(rows)) for html in predicted_tables]
+        heads = [normalized(" ".join(table_rows(html)[0])) if table_rows(html) else "" for html in predicted_tables]
+        matched = [s for s, head in zip(scores, heads, strict=True) if normalized_edit_distance(head, header) <= 0.2]
+        found += bool(matched)
+        table_teds.append(max(matched, default=0.0))
+    code_as_table = sum(any(normalized(line) in normalized(html) for html in predicted_tables) for line in bench.code)
+    return {
+        "page": bench.name, "body_text_edit": round(body_edit, 4),
+        "furniture": len(truth.furniture), "furniture_removed": removed,
+        "tables": len(bench.tables), "tables_found": found,
+        "table_teds": round(statistics.mean(table_teds), 4) if table_teds else None,
+        "code_listings": len(bench.code), "code_as_table": code_as_table, "seconds": round(seconds, 3),
+    }
+
+
+def summarize(rows: list[dict]) -> dict:
+    furniture = sum(r["furniture"] for r in rows)
+    tables = sum(r["tables"] for r in rows)
+    teds_values = [r["table_teds"] for r in rows if r["table_teds"] is not None]
+    seconds = [r["seconds"] for r in rows]
+    return {
+        "pages": len(rows),
+        "body_text_edit": round(statistics.mean(r["body_text_edit"] for r in rows), 4),
+        "furniture_removed": round(sum(r["furniture_removed"] for r in rows) / furniture, 4) if furniture else None,
+        "tables_found": f"{sum(r['tables_found'] for r in rows)}/{tables}",
+        "table_teds": round(statistics.mean(teds_values), 4) if teds_values else None,
+        "code_as_table": sum(r["code_as_table"] for r in rows),
+        "seconds_per_page": round(statistics.median(seconds), 3),
+        "seconds_spread": [round(min(seconds), 3), round(max(seconds), 3)],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# backends and the run
+
+
+def make_backends(names: list[str], model_dir: str | None, paddle_dir: str | None) -> dict:
+    """The named backends that can run here (a backend whose weights are absent is skipped, said why)."""
+    from components.curation.preannotate import make_preannotator
+
+    configs = {
+        "rapidocr": {"backend": "rapidocr"},
+        "rapidocr_heuristic": {"backend": "rapidocr", "layout_model": None},
+        # the settings before the layout model: full-resolution detection, heuristics only
+        "rapidocr_fullres_heuristic": {"backend": "rapidocr", "layout_model": None, "det_max_side": None},
+        "model": {"backend": "model", "model_dir": model_dir or "models/pretrained/docmarkup-base"},
+        "paddleocr_vl": {"backend": "paddleocr_vl_transformers", "model_dir": paddle_dir},
+    }
+    backends = {}
+    for name in names:
+        if name not in configs:
+            raise SystemExit(f"unknown backend {name!r}; choose from {sorted(configs)}")
+        if name == "paddleocr_vl" and not paddle_dir:
+            print("[bench] paddleocr_vl skipped: pass --paddle-model DIR (a PaddleOCR-VL checkpoint folder)",
+                  file=sys.stderr)
+            continue
+        backends[name] = make_preannotator(configs[name])
+    return backends
+
+
+def render_page(pdf, index: int) -> Image.Image:
+    return pdf[index].render(scale=DPI / 72, grayscale=False).to_pil().convert("RGB")
+
+
+def load_bench_pages(cache: Path, selected: list[BenchPage]) -> list[tuple[BenchPage, Image.Image, PageTruth]]:
+    """Rendered images and ground truth of ``selected`` (images cached as PNG)."""
+    import pypdfium2 as pdfium
+
+    pdfs = fetch_documents(cache, {p.document for p in selected})
+    out = []
+    for bench in selected:
+        pdf = pdfium.PdfDocument(str(pdfs[bench.document]))
+        image_path = cache / "pages" / f"{bench.name}.png"
+        if image_path.exists():
+            image = Image.open(image_path).convert("RGB")
+        else:
+            image_path.parent.mkdir(parents=True, exist_ok=True)
+            image = render_page(pdf, bench.index)
+            image.save(image_path)
+        out.append((bench, image, page_truth(pdf, bench.index)))
+    return out
+
+
+def write_fixture(bench: BenchPage, image: Image.Image, truth: PageTruth, folder: Path) -> None:
+    """A page as a regression-test fixture: a 16-grey PNG plus its ground truth as JSON."""
+    folder.mkdir(parents=True, exist_ok=True)
+    # 16 grey levels keep the anti-aliased glyph edges OCR reads and make the PNG about half the size
+    image.convert("L").quantize(16, dither=Image.Dither.NONE).save(folder / f"{bench.name}.png", optimize=True, bits=4)
+    record = {"page": {"name": bench.name, "document": bench.document, "index": bench.index,
+                       "tables": [list(map(list, t)) for t in bench.tables], "code": list(bench.code),
+                       "two_column": bench.two_column, "package": DOCUMENTS[bench.document].package},
+              "body": [{"text": line.text, "box": line.box} for line in truth.body],
+              "furniture": [{"text": line.text, "box": line.box} for line in truth.furniture]}
+    (folder / f"{bench.name}.json").write_text(json.dumps(record, ensure_ascii=False, indent=1))
+
+
+def read_fixture(path: Path) -> tuple[BenchPage, Image.Image, PageTruth]:
+    """A fixture written by :func:`write_fixture`."""
+    record = json.loads(path.read_text())
+    page = record["page"]
+    bench = BenchPage(page["name"], page["document"], page["index"], tuple(page["tables"]), tuple(page["code"]),
+                      page["two_column"])
+    truth = PageTruth([TextLine(x["text"], tuple(x["box"])) for x in record["body"]],
+                      [TextLine(x["text"], tuple(x["box"])) for x in record["furniture"]])
+    return bench, Image.open(path.with_suffix(".png")).convert("RGB"), truth
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backends", default="rapidocr,rapidocr_heuristic,rapidocr_fullres_heuristic,model")
+    parser.add_argument("--pages", default=None, help="comma-separated page names (default: all)")
+    parser.add_argument("--model", default=None, help="model folder for the `model` backend (default: shipped base)")
+    parser.add_argument("--paddle-model", default=None, help="PaddleOCR-VL folder for the paddleocr_vl backend")
+    parser.add_argument("--write-fixtures", default=None, metavar="DIR",
+                        help="write the selected pages as regression-test fixtures into DIR and stop")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs per page and backend (median kept)")
+    parser.add_argument("--out", default=str(VAR_DIR / "bench" / "preannotation"))
+    args = parser.parse_args(argv)
+
+    out = Path(args.out)
+    wanted = set(args.pages.split(",")) if args.pages else None
+    selected = [p for p in PAGES if wanted is None or p.name in wanted]
+    if wanted and len(selected) != len(wanted):
+        raise SystemExit(f"unknown page(s) {sorted(wanted - {p.name for p in PAGES})}")
+    pages = load_bench_pages(out / "debian", selected)
+    if args.write_fixtures:
+        for bench, image, truth in pages:
+            write_fixture(bench, image, truth, Path(args.write_fixtures))
+        print(f"wrote {len(pages)} fixture(s) to {args.write_fixtures}")
+        return 0
+    backends = make_backends(args.backends.split(","), args.model, args.paddle_model)
+    for annotator in backends.values():
+        annotator.annotate(pages[0][1], "warmup")  # load weights outside the timed pages
+    rows: dict[str, list[dict]] = {name: [] for name in backends}
+    for bench, image, truth in pages:  # backends interleaved page by page, so load drifts hit all alike
+        for name, annotator in backends.items():
+            seconds = []
+            for _ in range(args.repeats):
+                started = time.perf_counter()
+                annotation = annotator.annotate(image, bench.name)
+                seconds.append(time.perf_counter() - started)
+            rows[name].append(score_page(bench, truth, annotation, statistics.median(seconds)))
+            (out / name).mkdir(parents=True, exist_ok=True)
+            (out / name / f"{bench.name}.md").write_text(annotation.markup)
+    results = {name: {"pages": page_rows, "summary": summarize(page_rows)} for name, page_rows in rows.items()}
+    for name, result in results.items():
+        print(f"\n== {name}")
+        print(f"{'page':<14}{'text edit':>10}{'furniture':>11}{'tables':>8}{'TEDS':>7}{'code→table':>11}{'s/page':>8}")
+        for r in result["pages"]:
+            teds_text = f"{r['table_teds']:.3f}" if r["table_teds"] is not None else "-"
+            print(f"{r['page']:<14}{r['body_text_edit']:>10.4f}{r['furniture_removed']:>6}/{r['furniture']:<4}"
+                  f"{r['tables_found']:>5}/{r['tables']:<2}{teds_text:>7}{r['code_as_table']:>11}{r['seconds']:>8.2f}")
+        print(json.dumps(result["summary"]))
+    if len(results) > 1:
+        first = next(iter(results))
+        for name in list(results)[1:]:
+            ratios = [a["seconds"] / b["seconds"] for a, b in zip(results[name]["pages"], results[first]["pages"], strict=True)]
+            print(f"time {name} / {first}: median {statistics.median(ratios):.2f}x "
+                  f"(pages {min(ratios):.2f}x..{max(ratios):.2f}x)")
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"\nwrote {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
