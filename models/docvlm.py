@@ -222,14 +222,22 @@ class DocVLMForConditionalGeneration(PreTrainedModel):
 
     def encode_images(self, pixel_values: torch.Tensor) -> PagePrefix:
         """Patch features, merged spatially and projected to the decoder's width."""
+        return self.prefix_from_patches(self.patch_features(pixel_values))
+
+    def patch_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The vision tower's output per patch, (B, rows, cols, D) in page order (one patch covers
+        ``config.pixel_patch`` page pixels a side); what reading probes supervise directly."""
         features = pixel_values.to(self.dtype)
         if self.stem is not None:
             features = self.stem(features)
         hidden = self.vision(pixel_values=features).last_hidden_state[:, 1:]  # drop CLS
-        batch, _, dim = hidden.shape
-        patch, merge = self.config.pixel_patch, self.config.spatial_merge_size
-        rows, cols = pixel_values.shape[-2] // patch, pixel_values.shape[-1] // patch
-        grid = hidden.reshape(batch, rows // merge, merge, cols // merge, merge, dim)
+        patch = self.config.pixel_patch
+        return hidden.reshape(hidden.shape[0], pixel_values.shape[-2] // patch, pixel_values.shape[-1] // patch, -1)
+
+    def prefix_from_patches(self, patches: torch.Tensor) -> PagePrefix:
+        batch, rows, cols, dim = patches.shape
+        merge = self.config.spatial_merge_size
+        grid = patches.reshape(batch, rows // merge, merge, cols // merge, merge, dim)
         merged = grid.permute(0, 1, 3, 2, 4, 5).reshape(batch, (rows // merge) * (cols // merge), merge * merge * dim)
         return PagePrefix(embeds=self.projector(merged))
 

@@ -150,6 +150,7 @@ class _PageCanvas:
         self.top = cfg.margin
         self.bottom = cfg.height - cfg.margin
         self.elements: list[LayoutElement] = []
+        self.words: list[tuple[str, tuple[float, float, float, float]]] = []  # every drawn word and its box
 
     @property
     def content_width(self) -> int:
@@ -167,7 +168,12 @@ class _PageCanvas:
         x0 = self.cfg.margin
         y0 = self.bottom - height if at_bottom else self.top
         for i, line in enumerate(lines):
-            self.draw.text((x0, y0 + i * line_height), line, fill=0, font=font)
+            top = y0 + i * line_height
+            self.draw.text((x0, top), line, fill=0, font=font)
+            x = float(x0)
+            for word in line.split(" "):
+                self.words.append((word, (x, top, x + self.draw.textlength(word, font=font), top + line_height)))
+                x += self.draw.textlength(word + " ", font=font)
         right = max(self.draw.textlength(line, font=font) for line in lines)
         self.elements.append(LayoutElement(category, (x0, y0, x0 + right, y0 + height), " ".join(words)))
         if at_bottom:
@@ -190,6 +196,8 @@ class _PageCanvas:
             for c, cell in enumerate(row):
                 self.draw.rectangle((x, y0 + r * row_height, x + col_width[c], y0 + (r + 1) * row_height), outline=0)
                 self.draw.text((x + pad, y0 + r * row_height + pad), cell, fill=0, font=font)
+                self.words.append((cell, (x + pad, y0 + r * row_height, x + pad + self.draw.textlength(cell, font=font),
+                                          y0 + (r + 1) * row_height)))
                 x += col_width[c]
         html = "<table>" + "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows) + "</table>"
         self.elements.append(LayoutElement("table", (x0, y0, x0 + width, y0 + height), html))
@@ -207,8 +215,23 @@ class _PageCanvas:
         return True
 
 
+@dataclass(frozen=True)
+class RenderedPage:
+    page: Page  # image path not yet stored
+    image: Image.Image
+    # every word drawn (body, tables, headers and footers; not formulas) with its box in page pixels:
+    # dense supervision for reading probes, not part of the page record
+    words: list[tuple[str, tuple[float, float, float, float]]]
+
+
 def generate_page(seed: int, cfg: SyntheticConfig | None = None, page_id: str | None = None) -> tuple[Page, Image.Image]:
     """Draw one page. Returns the page record (image path not yet stored) and its image."""
+    rendered = render_page(seed, cfg, page_id)
+    return rendered.page, rendered.image
+
+
+def render_page(seed: int, cfg: SyntheticConfig | None = None, page_id: str | None = None) -> RenderedPage:
+    """:func:`generate_page` plus the box of every word drawn."""
     cfg = cfg or SyntheticConfig()
     rng = random.Random(seed)
     canvas = _PageCanvas(cfg)
@@ -243,7 +266,7 @@ def generate_page(seed: int, cfg: SyntheticConfig | None = None, page_id: str | 
         source="synthetic",
         meta={"seed": seed},
     )
-    return page, canvas.image.convert("RGB")
+    return RenderedPage(page, canvas.image.convert("RGB"), canvas.words)
 
 
 def generate_dataset(root: str | Path, n_pages: int, seed: int = 0, cfg: SyntheticConfig | None = None) -> PageDataset:
