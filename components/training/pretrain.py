@@ -126,7 +126,10 @@ def curve_point(train_dir: Path, step: int, held_out_dir: Path, n_pages: int, ma
 
 
 def write_model_card(out: Path, meta: dict) -> Path:
-    """``README.md`` of the model folder: what it is, how it was made, what it scores."""
+    """``README.md`` of the model folder: what it is, how it was made, what it scores.
+
+    ``meta`` says how it was made in prose (``data``, ``training``, ``machine``) so the stored-set
+    and the streamed pretraining share one card; ``curve`` rows become a table as they are."""
     ev = meta["evaluation"]
     rows = []
     for name, values in ev["decoders"].items():
@@ -136,7 +139,12 @@ def write_model_card(out: Path, meta: dict) -> Path:
             f"{scores.get('table_teds', float('nan')):.3f} | {scores.get('formula_edit', float('nan')):.3f} | "
             f"{speed['tokens_per_forward']:.2f} | {ratio['forward_reduction']:.2f}x | {ratio['same_output_as_ar']:.2f} |"
         )
-    curve = "\n".join(f"| {c['step']} | {c['overall']:.2f} | {c['loss']:.3f} |" for c in meta.get("curve", []))
+    curve_rows = meta.get("curve", [])
+    columns = list(curve_rows[0]) if curve_rows else []
+    curve = "\n".join(
+        ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+        + ["| " + " | ".join(f"{row.get(c):.4g}" if isinstance(row.get(c), float) else str(row.get(c)) for c in columns)
+           + " |" for row in curve_rows]) if columns else "(none recorded)"
     card = f"""# docmarkup-base
 
 The base checkpoint the demo and the benchmark start from (as a real team starts from dots.ocr or
@@ -144,35 +152,94 @@ MinerU2.5): a {meta['parameters'] / 1e6:.1f}M-parameter DocVLM (`models/docvlm.p
 convolutional stem, 2-layer ViT, 4-layer Qwen2 decoder from `transformers` configs) with its own
 markup BPE tokenizer ({meta['vocab_size']} tokens incl. `<INIT>` / `<MASK>`).
 
-Made by `./run pretrain` ({meta['command']}).
+Made by `{meta['command']}`.
 
-- Data: {meta['pages']} synthetic `{meta['preset']}` pages, seeds {meta['seed']}..{meta['seed'] + meta['pages'] - 1},
-  plus {meta['lines_pages']} easy `lines` pages (one or two short blocks; seeds {meta['lines_seed']}+) mixed in from
-  step {meta.get('lines_from_step', 0)} as a reading curriculum (the demo uses seeds below 1M; held-out evaluation
-  uses {meta['held_out_seed']}+).
-- Training: {meta['steps']} optimizer steps, batch {meta['micro_batch_size']}, objectives {meta['objectives']},
-  AdamW lr {meta['lr']} ({meta['schedule']}), DeepSpeed ZeRO-{meta['zero_stage']}.
-- Machine: {meta['machine']}; training wall time {meta['train_seconds'] / 3600:.2f} h in
-  {meta['sessions']} segments (the run pauses every `--curve-every` steps to score a checkpoint; an
-  interrupted run resumes from its last checkpoint).
+- Data: {meta['data']} (the demo uses seeds below 1M; held-out evaluation uses {meta['held_out_seed']}+;
+  `pretrain.json` lists every seed run the weights saw).
+- Training: {meta['training']}.
+- Machine: {meta['machine']}; training wall time {meta['train_seconds'] / 60:.1f} min.
 
 ## Held-out evaluation
 
-{ev['n_pages']} pages, seeds {meta['held_out_seed']}.., greedy, batch 1, max {meta['max_new_tokens']} new tokens;
-AR pages ending with `<eos>` inside the budget: {meta['evaluation']['ar_eos_fraction'] * 100:.1f} %.
+{ev['n_pages']} `tiny` pages, seeds {meta['held_out_seed']}.., greedy, batch 1, max {meta['max_new_tokens']} new tokens;
+AR pages ending with `<eos>` inside the budget: {ev['ar_eos_fraction'] * 100:.1f} %.
 
 | decoder | Overall | text edit | table TEDS | formula edit | tokens/forward | forwards vs AR | = AR output |
 | --- | --- | --- | --- | --- | --- | --- | --- |
 {chr(10).join(rows)}
 
-## Learning curve (AR Overall on {meta.get('curve_pages', 0)} held-out pages)
+## Learning curve
 
-| step | Overall | train loss |
-| --- | --- | --- |
+{meta.get('curve_note', '')}
+
 {curve}
-"""
+{meta.get('notes', '')}"""
     atomic_write_text(out / "README.md", card)
     return out / "README.md"
+
+
+def install_base(model_dir: Path, out: Path, held_out_dir: Path, made: dict, args: argparse.Namespace) -> dict:
+    """Evaluate ``model_dir`` on the held-out pages and install it at ``out`` with ``pretrain.json``
+    and its card (staged, then renamed, so a failed run never leaves half a base)."""
+    import torch
+
+    from models.docvlm import count_parameters
+    from models.loading import load_markup_model
+
+    generate_pages(held_out_dir, [("tiny", args.eval_pages, HELD_OUT_SEED)])
+    print(f"[pretrain] evaluating {model_dir} on {args.eval_pages} held-out pages")
+    evaluation = evaluate_base(model_dir, held_out_dir, args.eval_pages, args.max_new_tokens, args.decoders.split(","))
+    model, tokenizer = load_markup_model(model_dir)
+    meta = {
+        "held_out_seed": HELD_OUT_SEED, "preset": "tiny", "parameters": count_parameters(model),
+        "vocab_size": len(tokenizer), "max_new_tokens": args.max_new_tokens,
+        "machine": f"{platform.machine()} {'GPU ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}"
+                   f", {torch.get_num_threads()} threads",
+        **made, "evaluation": evaluation,
+    }
+    if args.notes is not None:
+        meta["notes"] = "\n" + args.notes.read_text()
+    out = out.resolve()
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(model_dir, staging, ignore=shutil.ignore_patterns("streamed.json"))
+    (staging / "pretrain.json").write_text(json.dumps(meta, indent=2, default=str))
+    write_model_card(staging, meta)
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    print(f"[pretrain] wrote {out} (AR Overall {evaluation['decoders']['ar']['overall']:.2f})")
+    return meta
+
+
+def streamed_made(model_dir: Path) -> dict:
+    """How a :mod:`components.training.streamed_pretrain` folder was made, from its ``streamed.json``
+    (following ``init`` back through the runs it continued)."""
+    chain, meta = [], json.loads((model_dir / "streamed.json").read_text())
+    while meta is not None:
+        chain.insert(0, meta)
+        meta = meta.get("init")
+    curve, base = [], 0
+    for run in chain:
+        curve += [{"step": base + p["step"], "lr": run["lr"], "train loss": p["train_loss"], "val AR loss": p["val_ar"],
+                   "val AR loss, other page's image": p["val_ar_other_image"], "val token accuracy": p["val_token_accuracy"]}
+                  for p in run["curve"]]
+        base += run["steps"]
+    last = chain[-1]
+    runs = "; then ".join(
+        f"{r['steps']} steps at lr {r['lr']:g} ({r['fresh_batches']} fresh batches, {r['replayed_batches']} replayed)"
+        for r in chain)
+    mix = last["page_mix"]
+    return {
+        "command": " && ".join(r["command"] for r in chain), "steps": sum(r["steps"] for r in chain),
+        "micro_batch_size": last["batch"], "objectives": last["objectives"], "seen_seeds": last["seen_seeds"],
+        "train_seconds": sum(r["train_seconds"] for r in chain), "curve": curve, "machine": last["machine"],
+        "data": (f"synthetic pages rendered while training (`tiny` seeds {PRETRAIN_SEED}+, easy `lines` pages from "
+                 f"{LINES_SEED}+ making up {mix['early_lines']:.0%} of each batch for the first {mix['early_steps']} "
+                 f"data steps and {mix['lines']:.0%} after), no page used twice except by the replay buffer"),
+        "training": (f"batch {last['batch']}, objectives {last['objectives']}, AdamW, warm-up then cosine; {runs}"),
+        "curve_note": "Validation on 64 `tiny` pages (seeds 95M+), teacher-forced; the gap to the loss with "
+                      "another page's image is how much the model reads the page.",
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -189,6 +256,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--decoders", default="ar,sdb,block,ppc")
     parser.add_argument("--curve-every", type=int, default=500, help="score a checkpoint every N steps")
     parser.add_argument("--stop-at-step", type=int, default=None, help="checkpoint and stop at this step (resume later)")
+    parser.add_argument("--publish", type=Path, default=None, metavar="MODEL_DIR",
+                        help="evaluate a model folder made by components.training.streamed_pretrain and install it "
+                             "as the base (no training)")
+    parser.add_argument("--notes", type=Path, default=None, help="markdown appended to the model card")
     return parser.parse_args(argv)
 
 
@@ -196,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     work = args.work_dir.resolve()
     pages_dir, held_out_dir, train_dir = work / "pages", work / "held_out", work / "train"
+    if args.publish is not None:
+        if not (args.publish / "streamed.json").is_file():
+            print(f"{args.publish} has no streamed.json: not a streamed_pretrain model folder", file=sys.stderr)
+            return 2
+        install_base(args.publish.resolve(), args.out, held_out_dir, streamed_made(args.publish.resolve()), args)
+        return 0
     overrides = [f"data.dataset={pages_dir}", f"output_dir={train_dir}", *args.overrides]
     try:
         config = load_train_config(args.config, overrides)
@@ -244,40 +321,28 @@ def main(argv: list[str] | None = None) -> int:
     if result.model_dir is None:
         print(f"[pretrain] checkpointed at step {result.final_step}; run the same command again to continue")
         return 3
-    print(f"[pretrain] trained in {time.time() - started:.0f}s; evaluating on {args.eval_pages} held-out pages")
-    evaluation = evaluate_base(result.model_dir, held_out_dir, args.eval_pages, args.max_new_tokens,
-                               args.decoders.split(","))
+    print(f"[pretrain] trained in {time.time() - started:.0f}s")
     history = [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     curve = [json.loads(line) for line in curve_file.read_text().splitlines()] if curve_file.exists() else []
-    from models.docvlm import count_parameters
-    from models.loading import load_markup_model
-
-    model, tokenizer = load_markup_model(result.model_dir)
-    import torch
-
-    meta = {
+    lines_from = json.loads(curriculum_file.read_text())["lines_from_step"]
+    zero = json.loads(config.path(config.deepspeed).read_text())["zero_optimization"]["stage"]
+    made = {
         "command": "python -m components.training.pretrain " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "pages": args.pages, "preset": "tiny", "seed": PRETRAIN_SEED, "held_out_seed": HELD_OUT_SEED,
-        "lines_pages": args.lines_pages, "lines_seed": LINES_SEED,
+        "pages": args.pages, "seed": PRETRAIN_SEED, "lines_pages": args.lines_pages, "lines_seed": LINES_SEED,
         "steps": result.final_step, "micro_batch_size": config.train.micro_batch_size,
         "objectives": config.active_objectives, "lr": config.optim.lr, "schedule": config.optim.schedule,
-        "zero_stage": json.loads(config.path(config.deepspeed).read_text())["zero_optimization"]["stage"],
-        "machine": f"{platform.machine()} {'GPU ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}"
-                   f", {torch.get_num_threads()} threads",
-        "train_seconds": sum(s["train_seconds"] for s in sessions), "sessions": len(sessions),
-        "parameters": count_parameters(model), "vocab_size": len(tokenizer), "max_new_tokens": args.max_new_tokens,
-        "final_loss": history[-1]["loss"] if history else None, "evaluation": evaluation, "curve": curve,
-        "curve_pages": 16, **json.loads(curriculum_file.read_text()),
+        "zero_stage": zero, "train_seconds": sum(s["train_seconds"] for s in sessions), "sessions": len(sessions),
+        "final_loss": history[-1]["loss"] if history else None, "curve": curve, "curve_pages": 16,
+        "lines_from_step": lines_from,
+        "seen_seeds": [[PRETRAIN_SEED, PRETRAIN_SEED + args.pages - 1], [LINES_SEED, LINES_SEED + args.lines_pages - 1]],
+        "data": (f"{args.pages} synthetic `tiny` pages, seeds {PRETRAIN_SEED}..{PRETRAIN_SEED + args.pages - 1}, plus "
+                 f"{args.lines_pages} easy `lines` pages (one or two short blocks; seeds {LINES_SEED}+) mixed in from "
+                 f"step {lines_from} as a reading curriculum"),
+        "training": (f"{result.final_step} optimizer steps, batch {config.train.micro_batch_size}, objectives "
+                     f"{config.active_objectives}, AdamW lr {config.optim.lr} ({config.optim.schedule}), DeepSpeed "
+                     f"ZeRO-{zero}, in {len(sessions)} segments (AR Overall on 16 held-out pages after each)"),
     }
-    out = args.out.resolve()
-    staging = out.with_name(out.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(result.model_dir, staging)
-    (staging / "pretrain.json").write_text(json.dumps(meta, indent=2, default=str))
-    write_model_card(staging, meta)
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)
-    print(f"[pretrain] wrote {out} (AR Overall {evaluation['decoders']['ar']['overall']:.2f})")
+    install_base(result.model_dir, args.out, held_out_dir, made, args)
     return 0
 
 
