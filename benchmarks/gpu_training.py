@@ -35,7 +35,12 @@ TEXT_05B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 
             "rope_parameters": {"rope_type": "default", "mrope_section": [8, 12, 12], "rope_theta": 1e6}}
 VISION_05B = {"depth": 8, "hidden_size": 640, "intermediate_size": 1710, "num_heads": 10, "out_hidden_size": 896,
               "fullatt_block_indexes": [3, 7]}
-SIZES = {"0.5b": (TEXT_05B, VISION_05B), "tiny": ({}, {})}
+# ~1B: Qwen2.5-1.5B's width and MLP with 16 of its 28 layers (1.0B with the padded vocabulary).
+TEXT_1B = {**TEXT_05B, "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 16,
+           "num_attention_heads": 12, "num_key_value_heads": 2, "rope_parameters": {**TEXT_05B["rope_parameters"],
+                                                                                   "mrope_section": [16, 24, 24]}}
+VISION_1B = {**VISION_05B, "out_hidden_size": 1536}
+SIZES = {"1b": (TEXT_1B, VISION_1B), "0.5b": (TEXT_05B, VISION_05B), "tiny": ({}, {})}
 
 
 def build_model(folder: Path, size: str) -> Path:

@@ -199,3 +199,19 @@ def test_the_gpu_training_script_runs_its_tiny_size_on_cpu(tmp_path):
                  "--deepspeed", "configs/deepspeed/zero2.json", "--out", str(tmp_path / "bench")]) == 0
     report = json.loads((tmp_path / "bench" / "gpu_training.json").read_text())
     assert report["steps"] == 2 and report["step_seconds_median"] > 0 and report["parameters"] > 0
+
+
+def test_the_gpu_decoding_script_runs_its_tiny_size_on_cpu(tmp_path):
+    """``benchmarks.gpu_decoding`` (the engine issue's GPU measurement) in its CPU smoke size: our AR
+    equals the checkpoint's own ``generate()`` on every page, and random weights accept one token
+    per SDB forward, which is what makes its seconds-per-forward a cost-by-query-length table."""
+    import json
+
+    from benchmarks.gpu_decoding import main
+
+    assert main(["--size", "tiny", "--device", "cpu", "--pages", "2", "--max-new-tokens", "6", "--repeats", "1",
+                 "--windows", "4", "--out", str(tmp_path / "bench")]) == 0
+    report = json.loads((tmp_path / "bench" / "gpu_decoding.json").read_text())
+    assert report["generate_equals_ar_pages"] == report["compared_pages"] == 2
+    assert set(report["seconds_per_forward_by_query"]) == {"1", "5"}
+    assert report["contenders"]["sdb_w4"]["tokens_per_forward"] == 1.0
