@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.decoding import BENCH_SEED, benchmark_pages, resolve_model
+from benchmarks.interleave import interleave, summary
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
 from components.services.process import VAR_DIR
@@ -44,18 +45,6 @@ def hf_generate(engine: DecodingEngine, image, max_new_tokens: int) -> tuple[lis
             suppress_tokens=[ids.bos, ids.pad, ids.init, ids.mask],
         )
     return out[0].tolist(), time.perf_counter() - started
-
-
-def _summary(per_repeat: list[tuple[int, float, int]], peer: list[tuple[int, float, int]] | None) -> dict:
-    rates = [tokens / seconds for tokens, seconds, _ in per_repeat]
-    row = {
-        "tokens_per_second": statistics.median(rates), "min": min(rates), "max": max(rates),
-        "tokens_per_forward": per_repeat[0][0] / max(1, per_repeat[0][2]),
-    }
-    if peer is not None:
-        ratios = [(t / s) / (pt / ps) for (t, s, _), (pt, ps, _) in zip(per_repeat, peer, strict=True)]
-        row |= {"vs_generate": statistics.median(ratios), "vs_generate_min": min(ratios), "vs_generate_max": max(ratios)}
-    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,8 +76,12 @@ def main(argv: list[str] | None = None) -> int:
             return result.token_ids, time.perf_counter() - started, result.stats.forward_passes
         return run
 
+    def generate_run(image):
+        ids, seconds = hf_generate(fast, image, cap)
+        return ids, seconds, len(ids)  # generate() on embeddings returns only the new tokens, one forward each
+
     contenders = {
-        "hf_generate": lambda image: (*hf_generate(fast, image, cap), None),
+        "hf_generate": generate_run,
         "ar_static": ours(fast, DecodeParams(decoder="ar", max_new_tokens=cap)),
         "ar_dynamic": ours(dynamic, DecodeParams(decoder="ar", max_new_tokens=cap)),
         **{f"sdb_w{w}": ours(fast, DecodeParams(decoder="sdb", window=w, max_new_tokens=cap)) for w in windows},
@@ -97,31 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     ours(fast, DecodeParams(decoder="ar", max_new_tokens=8))(images[0])  # warm up
     hf_generate(fast, images[0], 8)
 
-    totals = {name: [] for name in names}
+    totals, outputs = interleave(contenders, images, args.repeats)
     mismatches: list[str] = []
-    for repeat in range(args.repeats):
-        sums = {name: [0, 0.0, 0] for name in names}
-        outputs: dict[str, list[list[int]]] = {name: [] for name in names}
-        for page_index, image in enumerate(images):
-            order = names[(page_index + repeat) % len(names):] + names[: (page_index + repeat) % len(names)]
-            for name in order:
-                ids, seconds, forwards = contenders[name](image)
-                if name == "hf_generate":  # generate() on embeddings returns only the new tokens
-                    forwards = len(ids)
-                sums[name][0] += len(ids)
-                sums[name][1] += seconds
-                sums[name][2] += forwards or 0
-                outputs[name].append(ids)
-        for name in names:
-            totals[name].append(tuple(sums[name]))
-        if repeat == 0:
-            for name in names[1:]:
-                reference = "hf_generate" if name.startswith("ar") else "ar_static"
-                same = sum(a == b for a, b in zip(outputs[name], outputs[reference], strict=True))
-                if same != len(images):
-                    mismatches.append(f"{name}: {same}/{len(images)} pages equal to {reference}")
+    for name in names[1:]:  # outputs of the first repeat
+        reference = "hf_generate" if name.startswith("ar") else "ar_static"
+        same = sum(a == b for a, b in zip(outputs[0][name], outputs[0][reference], strict=True))
+        if same != len(images):
+            mismatches.append(f"{name}: {same}/{len(images)} pages equal to {reference}")
 
-    rows = {name: _summary(totals[name], totals["hf_generate"]) for name in names}
+    rows = {name: summary(totals[name], totals["hf_generate"]) for name in names}
 
     batch_rows = {}
     batch_images = (images * ((args.batch + len(images) - 1) // len(images)))[: args.batch]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 import warnings
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.gpu_training import SIZES, build_model
+from benchmarks.interleave import interleave, summary
 from components.data.synthetic import generate_page
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
@@ -109,49 +109,34 @@ def main(argv: list[str] | None = None) -> int:
         ours(engine, images[0], params)
     hf_generate(engine, images[0], args.max_new_tokens)
 
-    runs: dict[str, list[tuple[int, float, int]]] = {name: [] for name in ["generate", *contenders]}
     decode_seconds: dict[str, float] = dict.fromkeys(contenders, 0.0)
-    mismatches = 0
-    for repeat in range(args.repeats):
-        totals = {name: [0, 0.0, 0] for name in runs}
-        for index, image in enumerate(images):
-            order = list(runs)
-            shift = (repeat + index) % len(order)
-            reference = None
-            for name in order[shift:] + order[:shift]:
-                if name == "generate":
-                    ids, seconds = hf_generate(engine, image, args.max_new_tokens)
-                    forwards = len(ids)
-                    reference_hf = ids
-                else:
-                    ids, seconds, forwards, decoding = ours(engine, image, contenders[name])
-                    decode_seconds[name] += decoding
-                    if name == "ar":
-                        reference = ids
-                totals[name][0] += len(ids)
-                totals[name][1] += seconds
-                totals[name][2] += forwards
-            mismatches += int(reference_hf[: len(reference)] != reference)
-        for name, (tokens, seconds, forwards) in totals.items():
-            runs[name].append((tokens, seconds, forwards))
 
-    def row(name: str) -> dict:
-        rates = [t / s for t, s, _ in runs[name]]
-        ratios = [(t / s) / (gt / gs) for (t, s, _), (gt, gs, _) in zip(runs[name], runs["generate"], strict=True)]
-        forwards = sum(f for _, _, f in runs[name])
-        return {"tokens_per_second": statistics.median(rates), "min": min(rates), "max": max(rates),
-                "vs_generate": statistics.median(ratios),
-                "tokens_per_forward": sum(t for t, _, _ in runs[name]) / max(1, forwards),
-                "seconds_per_forward": decode_seconds[name] / max(1, forwards) if name in decode_seconds else None}
+    def generate_run(image):
+        ids, seconds = hf_generate(engine, image, args.max_new_tokens)
+        return ids, seconds, len(ids)
 
-    rows = {name: row(name) for name in runs}
+    def engine_run(name: str):
+        def run(image):
+            ids, seconds, forwards, decoding = ours(engine, image, contenders[name])
+            decode_seconds[name] += decoding
+            return ids, seconds, forwards
+        return run
+
+    totals, outputs = interleave({"generate": generate_run, **{name: engine_run(name) for name in contenders}},
+                                 images, args.repeats)
+    same_pages = sum(hf[: len(ar)] == ar for repeat in outputs for hf, ar in zip(repeat["generate"], repeat["ar"],
+                                                                                   strict=True))
+    rows = {name: summary(per_repeat, totals["generate"]) for name, per_repeat in totals.items()}
+    for name, row in rows.items():
+        forwards = sum(f for _, _, f in totals[name])
+        row["seconds_per_forward"] = decode_seconds[name] / max(1, forwards) if name in decode_seconds else None
     query = {1: rows["ar"]["seconds_per_forward"], **{w + 1: rows[f"sdb_w{w}"]["seconds_per_forward"] for w in windows}}
     report = {
         "size": args.size, "parameters": sum(p.numel() for p in model.hf.parameters()), "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(model.dtype), "pages": args.pages, "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
         "contenders": rows, "seconds_per_forward_by_query": query,
-        "generate_equals_ar_pages": args.pages * args.repeats - mismatches, "compared_pages": args.pages * args.repeats,
+        "generate_equals_ar_pages": same_pages, "compared_pages": args.pages * args.repeats,
         "host_syncs_per_step": {"ar": syncs_per_step(engine, images[0], contenders["ar"]),
                                 f"sdb_w{windows[0]}": syncs_per_step(engine, images[0], contenders[f"sdb_w{windows[0]}"])},
         "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,

@@ -45,6 +45,7 @@ from components.tokenizer import load_tokenizer
 from components.training.config import PROJECT_ROOT, load_train_config
 from components.training.data import Batch, encode_markup
 from components.training.mix import ObjectiveMix
+from components.training.objectives import ar_loss
 from components.training.pretrain import LINES_SEED, PRETRAIN_SEED  # the same seed ranges
 from models.docvlm import DocVLMForConditionalGeneration, page_pixels
 from models.interface import PagePrefix
@@ -164,8 +165,6 @@ def lr_factor(progress: float, warmup: float, min_ratio: float) -> float:
 def validation_losses(model, batch: Batch) -> dict[str, float]:
     """AR loss with each page's own image and with another page's: their gap is how much the model
     uses the image; token accuracy under teacher forcing."""
-    from components.training.objectives import ar_loss
-
     model.eval()
     prefix = model.encode_pages(batch.pages)
     own = model(prefix=prefix, input_ids=batch.tokens)["logits"]
@@ -313,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             save()
             last_save = time.time()
     save()
-    for run in runs:
+    for index, run in enumerate(runs):
         out = run["dir"] / "model"
         run["model"].eval().to("cpu").float().save_folder(out, tokenizer)
         meta = {
@@ -325,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                            [LINES_SEED, LINES_SEED + state["data_step"] * args.batch - 1]],
             "init": (json.loads((args.init / "streamed.json").read_text())
                      if args.init is not None and (args.init / "streamed.json").is_file() else None),
-            "curve": [{**p, **{k: v[rates.index(run["lr"])] for k, v in p.items() if isinstance(v, list)}}
+            "curve": [{**p, **{k: v[index] for k, v in p.items() if isinstance(v, list)}}
                       for p in state["curve"]],
         }
         atomic_write_text(out / "streamed.json", json.dumps(meta, indent=2))
