@@ -46,6 +46,9 @@ class LabelStudioSection(_Strict):
     api_key: str | None = None
     port: int = 8089
     project: str = "docmarkup pages"
+    # "threshold": pages under queue_below_confidence, at most max_tasks per run; "budget": the
+    # max_tasks least confident pages across every source, whatever their confidence.
+    queue_policy: Literal["threshold", "budget"] = "threshold"
     queue_below_confidence: float = Field(0.9, ge=0.0, le=1.0)
     max_tasks: int = Field(50, ge=1)
     # "blocks": layout boxes labelled by category with one transcription each (markup rebuilt in
@@ -115,6 +118,8 @@ class GatesSection(_Strict):
     speed_decoder: str = "sdb"
     speed_metric: Literal["forward_reduction", "tps_speedup", "wall_speedup"] = "forward_reduction"
     min_overall: float = 0.0
+    # overall | overall_present | auto (overall_present when the test set lacks tables or formulas)
+    score_metric: Literal["auto", "overall", "overall_present"] = "auto"
 
 
 class EvaluationSection(_Strict):
@@ -136,6 +141,7 @@ class DeploySection(_Strict):
     grpc_port: int = 8001
     metrics_port: int = 8002
     smoke_pages: int = Field(4, ge=0)
+    smoke_timeout_s: float = Field(120.0, gt=0)  # per request of the smoke test and the served-version check
     # How the Triton models serve (deploy/triton/repository.py): torch device of the backend
     # ("cuda" on GPU nodes), model instances, requests decoded together, torch threads per instance.
     device: str = "cpu"

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from prefect.cache_policies import NONE
@@ -69,7 +73,50 @@ def project_prefect_server():
         yield url
 
 
-def run_flow_cli(flow_fn, *args) -> None:
-    """A flow module's ``__main__``: the flow against the project's Prefect server."""
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` pairs as config overrides (JSON values where they parse as JSON)."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            overrides[key] = json.loads(value) if value[:1] in "[{0123456789-tfn" else value
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides
+
+
+def flow_arguments(description: str | None, default_config: str | None = DEFAULT_CONFIG) -> argparse.ArgumentParser:
+    """The command line every flow shares: ``--config YAML`` and ``--set KEY=VALUE``."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=default_config, help=f"pipeline YAML (default {default_config or DEFAULT_CONFIG})")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config key (dotted path), e.g. --set training.steps=20")
+    return parser
+
+
+def checked_config(config: str, overrides: dict[str, Any] | None) -> int:
+    """0 when the config (and every stage config) is valid, else 2 after one line on stderr."""
+    try:
+        resolve(config, overrides or None)
+    except config_errors() as exc:
+        print(f"config error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run_flow_cli(flow_fn, description: str | None, argv: list[str] | None = None,
+                 extra: Callable[[argparse.ArgumentParser], None] | None = None) -> int:
+    """A flow module's ``__main__``: parse ``--config``/``--set`` (plus the flow's own arguments),
+    validate the config, then run the flow against the project's Prefect server."""
+    parser = flow_arguments(description)
+    if extra:
+        extra(parser)
+    args = vars(parser.parse_args(argv))
+    config, overrides = args.pop("config"), parse_overrides(args.pop("overrides")) or None
+    if checked_config(config, overrides):
+        return 2
     with project_prefect_server():
-        flow_fn(*args)
+        flow_fn(config=config, overrides=overrides, **args)
+    return 0

@@ -26,10 +26,11 @@ def curate_flow(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None =
     summary: dict[str, Any] = {"ingest": ingest(cfg)}
     units = workflow.preannotation_units(cfg)  # one per page-store shard
     summary["preannotation"] = preannotate_shard.map(unmapped(cfg), units).result()  # parallel
-    predictions, annotator_version = merge(cfg, summary["preannotation"])
+    _, annotator_version = merge(cfg, summary["preannotation"])
     if cfg.curation.label_studio.enabled:
         summary["corrections"] = corrections(cfg)
-        summary["queue"] = queue(cfg, PageDataset(cfg.pages_dir), predictions, annotator_version)
+        pages = PageDataset(cfg.pages_dir)
+        summary["queue"] = queue(cfg, pages, workflow.preannotated_candidates(pages), annotator_version)
     summary["splits"] = split(cfg)
     summary["data_version"] = version(cfg, "curate: pages, pre-annotations, corrections, splits").to_json()
     logger.info("curation done: %s", summary)
@@ -43,6 +44,4 @@ def curate(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None
 
 
 if __name__ == "__main__":
-    import sys
-
-    run_flow_cli(curate, sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CONFIG)
+    raise SystemExit(run_flow_cli(curate, __doc__))

@@ -25,6 +25,4 @@ def deploy(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None
 
 
 if __name__ == "__main__":
-    import sys
-
-    run_flow_cli(deploy, sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CONFIG)
+    raise SystemExit(run_flow_cli(deploy, __doc__))

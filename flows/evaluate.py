@@ -32,7 +32,9 @@ def evaluate(model_dir: str, config: str = DEFAULT_CONFIG, overrides: dict[str, 
     return result
 
 
-if __name__ == "__main__":
-    import sys
+def _model_dir_argument(parser) -> None:
+    parser.add_argument("--model-dir", required=True, help="the trained model folder to evaluate")
 
-    run_flow_cli(evaluate, sys.argv[1], *(sys.argv[2:3] or [DEFAULT_CONFIG]))
+
+if __name__ == "__main__":
+    raise SystemExit(run_flow_cli(evaluate, __doc__, extra=_model_dir_argument))

@@ -25,6 +25,4 @@ def monitor(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = Non
 
 
 if __name__ == "__main__":
-    import sys
-
-    run_flow_cli(monitor, sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CONFIG)
+    raise SystemExit(run_flow_cli(monitor, __doc__))

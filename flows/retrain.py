@@ -7,9 +7,6 @@
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
 from typing import Any
 
@@ -20,7 +17,9 @@ from flows._common import (
     DEFAULT_CONFIG,
     DEMO_CONFIG,
     SERVICE_TASK,
-    config_errors,
+    checked_config,
+    flow_arguments,
+    parse_overrides,
     project_prefect_server,
     resolve,
 )
@@ -74,7 +73,8 @@ def where_things_are(summary: dict) -> str:
         *sample_lines(evaluation.get("sample")),
         f"MLflow      {default_tracking_uri()}  run {evaluation['run_id']}",
         f"            model {evaluation['model_name']} v{evaluation['version']}: "
-        + ("alias 'champion'" if evaluation["promoted"] else f"not promoted ({'; '.join(evaluation['gate_failures'])})"),
+        + ("alias 'champion'" if evaluation["promoted"] else f"not promoted ({'; '.join(evaluation['gate_failures'])})")
+        + f"; gated on {evaluation.get('gate_metric')}",
         "            browse: ./run services start mlflow  ->  http://127.0.0.1:5000",
         f"Data (DVC)  data.dvc md5 {summary['train']['data_version']['md5'] if summary['train'].get('data_version') else '-'}",
     ]
@@ -85,6 +85,8 @@ def where_things_are(summary: dict) -> str:
     deployed = summary.get("deploy") or {}
     if deployed.get("deployed"):
         lines.append(f"Triton      http {deployed['http']}  grpc {deployed['grpc']}  metrics {deployed['metrics']}")
+        lines.append(f"            serving {deployed.get('served_model')} v{deployed.get('served_version')} "
+                     f"({deployed.get('deploy_mode')}; both endpoints checked against the registry)")
         lines.append(f"            smoke test: {deployed['stream_equals_unary']}/{deployed['pages']} pages streamed == unary, "
                      f"{deployed['mean_latency_s'] * 1000:.0f} ms mean latency (SDB)")
     monitor_result = summary.get("monitor") or {}
@@ -114,22 +116,17 @@ def sample_lines(sample: dict | None, width: int = 300) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=None, help=f"pipeline YAML (default {DEFAULT_CONFIG}; --demo: {DEMO_CONFIG})")
-    parser.add_argument("--demo", action="store_true", help="tiny synthetic run on embedded defaults, replaying traffic")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser = flow_arguments(__doc__, default_config=None)
+    parser.add_argument("--demo", action="store_true",
+                        help=f"tiny synthetic run on embedded defaults ({DEMO_CONFIG} unless --config), replaying traffic")
     args = parser.parse_args(argv)
     config = args.config or (DEMO_CONFIG if args.demo else DEFAULT_CONFIG)
-    overrides = {key: json.loads(value) if value[:1] in "[{0123456789-tfn" else value
-                 for key, value in (item.split("=", 1) for item in args.overrides)}
-    try:
-        resolve(config, overrides or None)  # every config error before any work, in one message
-    except config_errors() as exc:
-        print(f"config error: {' '.join(str(exc).split())}", file=sys.stderr)
+    overrides = parse_overrides(args.overrides) or None
+    if checked_config(config, overrides):  # every config error before any work, in one message
         return 2
     with project_prefect_server() as prefect_url:
         print(f"Prefect UI: {prefect_url.removesuffix('/api')} (this run's flows and tasks)", flush=True)
-        summary = retrain(config, overrides or None, replay_traffic=args.demo)
+        summary = retrain(config, overrides, replay_traffic=args.demo)
     summary["prefect_ui"] = prefect_url.removesuffix("/api")
     print(where_things_are(summary))
     return 0

@@ -59,6 +59,4 @@ def train(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None)
 
 
 if __name__ == "__main__":
-    import sys
-
-    run_flow_cli(train, sys.argv[1] if len(sys.argv) > 1 else DEFAULT_CONFIG)
+    raise SystemExit(run_flow_cli(train, __doc__))

@@ -2,7 +2,16 @@
 
 The backend creates them with ``pb_utils.MetricFamily`` so they are served by Triton's metrics
 endpoint (no second exporter, no extra port). Every series carries ``model`` (the Triton model)
-and ``decoder`` (ar / sdb / block / ppc) labels, so dashboards compare decoders directly:
+and ``decoder`` (ar / sdb / block / ppc) labels, so dashboards compare decoders directly, plus
+``model_version`` (the registered version served) and ``load`` (one id per loaded instance).
+
+``load`` is not decoration. Triton's metric families are process-wide and prometheus-cpp hands
+out *one* metric per (family, label set): a reloaded model's new instance, loaded while the old one
+still serves, would share the old instance's metric objects, and the old instance's ``finalize``
+frees them, so the new instance's next observation writes freed memory and the server dies with
+``Signal (11)`` (reproduced by reloading under traffic). A label unique to each load keeps every
+instance's metrics its own; dashboards sum over ``load`` (counters restart at a reload, as they
+would at a server restart):
 
 - ``docmarkup_request_latency_seconds``  histogram, wall time of one page request;
 - ``docmarkup_tokens_per_forward``       histogram, per request: new tokens / forward passes;
@@ -20,6 +29,7 @@ definitions and the scrape parser are importable (and testable) outside Triton.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -67,9 +77,10 @@ OUTCOMES = ("ok", "truncated", "invalid", "cancelled", "error")
 class BackendMetrics:
     """The backend's metric families, with one metric per label set created on first use."""
 
-    def __init__(self, pb_utils: Any, model_name: str):
+    def __init__(self, pb_utils: Any, model_name: str, *, model_version: str = "unknown", load_id: str | None = None):
         self._pb_utils = pb_utils
         self._model_name = model_name
+        self._instance_labels = {"model_version": model_version, "load": load_id or uuid.uuid4().hex[:12]}
         kinds = {
             "counter": pb_utils.MetricFamily.COUNTER,
             "gauge": pb_utils.MetricFamily.GAUGE,
@@ -82,7 +93,7 @@ class BackendMetrics:
         self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
 
     def _metric(self, spec: MetricSpec, **labels: str) -> Any:
-        full = {"model": self._model_name, **labels}
+        full = {"model": self._model_name, **self._instance_labels, **labels}
         key = (spec.name, tuple(sorted(full.items())))
         metric = self._metrics.get(key)
         if metric is None:

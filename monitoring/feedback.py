@@ -1,4 +1,4 @@
-"""The loop back: low-confidence production pages become Label Studio tasks.
+"""The loop back: low-confidence and suspect production pages become Label Studio tasks.
 
 Served pages the model was unsure of (their images are kept by the request log) are copied into
 a ``production`` dataset and queued with the model's own output as the prediction, so an
@@ -15,6 +15,7 @@ from components.curation.labelstudio import PagePrediction, QueueResult, queue_p
 from components.data.page_store import PageDataset
 from components.data.pages import Page, load_image
 from monitoring.request_log import RequestLog, ServedPage
+from monitoring.suspect import LOW_CONFIDENCE, review_reasons
 
 
 @dataclass
@@ -23,20 +24,29 @@ class FeedbackResult:
     queue: QueueResult | None
 
 
-def low_confidence_entries(entries: Iterable[ServedPage], threshold: float) -> list[ServedPage]:
-    """Entries below ``threshold`` that kept their image, newest first per page, lowest first overall."""
-    latest: dict[str, ServedPage] = {}
+def entries_for_review(entries: Iterable[ServedPage], threshold: float) -> list[tuple[ServedPage, list[str]]]:
+    """Served pages annotators should see, with why: below ``threshold`` confidence, or an empty,
+    truncated or looping output at any confidence. Newest entry per page; pages with an output
+    problem first, then lowest confidence first. Only entries that kept their image qualify."""
+    latest: dict[str, tuple[ServedPage, list[str]]] = {}
     for entry in entries:
-        if entry.mean_confidence < threshold and entry.image and (
-            entry.page_id not in latest or entry.timestamp > latest[entry.page_id].timestamp
-        ):
-            latest[entry.page_id] = entry
-    return sorted(latest.values(), key=lambda e: e.mean_confidence)
+        reasons = review_reasons(entry.text, truncated=entry.truncated, mean_confidence=entry.mean_confidence,
+                                 low_confidence=threshold)
+        if reasons and entry.image and (entry.page_id not in latest or entry.timestamp > latest[entry.page_id][0].timestamp):
+            latest[entry.page_id] = (entry, reasons)
+    return sorted(latest.values(), key=lambda item: (item[1] == [LOW_CONFIDENCE], item[0].mean_confidence))
 
 
-def add_to_dataset(log: RequestLog, entries: list[ServedPage], dataset: PageDataset) -> list[Page]:
+def low_confidence_entries(entries: Iterable[ServedPage], threshold: float) -> list[ServedPage]:
+    """The entries of :func:`entries_for_review`, without their reasons."""
+    return [entry for entry, _ in entries_for_review(entries, threshold)]
+
+
+def add_to_dataset(log: RequestLog, entries: list[ServedPage], dataset: PageDataset,
+                   reasons: dict[str, list[str]] | None = None) -> list[Page]:
     """Copy the pages' images into ``dataset`` (no ground truth yet) and return their records."""
     pages = []
+    reasons = reasons or {}
     for entry in entries:
         kept = log.image_path(entry)
         if kept is None:  # pruned by the retention policy since it was logged
@@ -46,7 +56,7 @@ def add_to_dataset(log: RequestLog, entries: list[ServedPage], dataset: PageData
             page_id=entry.page_id, image=dataset.save_image(entry.page_id, image), width=image.width,
             height=image.height, source="production",
             meta={"decoder": entry.decoder, "confidence": entry.mean_confidence, "served_at": entry.timestamp,
-                  "model_version": entry.model_version},
+                  "model_version": entry.model_version, "review_reasons": reasons.get(entry.page_id, [])},
         ))
     if pages:
         dataset.upsert(pages)
@@ -57,11 +67,15 @@ def push_low_confidence_pages(
     client, project_id: int, log: RequestLog, dataset: PageDataset, threshold: float, model_version: str,
     since: float | None = None, view: str = "page",
 ) -> FeedbackResult:
-    """Queue every low-confidence served page (with the served output as prediction)."""
-    entries = low_confidence_entries(log.entries(since=since), threshold)
-    if not entries:
+    """Queue every served page worth a look (:func:`entries_for_review`), the served output as prediction."""
+    chosen = entries_for_review(log.entries(since=since), threshold)
+    if not chosen:
         return FeedbackResult(candidates=0, queue=None)
-    added = {page.page_id for page in add_to_dataset(log, entries, dataset)}  # images pruned since are skipped
-    predictions = [PagePrediction(e.page_id, e.text, e.mean_confidence) for e in entries if e.page_id in added]
+    entries = [entry for entry, _ in chosen]
+    reasons = {entry.page_id: why for entry, why in chosen}
+    added = {page.page_id for page in add_to_dataset(log, entries, dataset, reasons)}  # images pruned since are skipped
+    # Pages with an output problem go first in the queue whatever the model thought of them.
+    predictions = [PagePrediction(e.page_id, e.text, e.mean_confidence if reasons[e.page_id] == [LOW_CONFIDENCE] else 0.0)
+                   for e in entries if e.page_id in added]
     return FeedbackResult(candidates=len(entries), queue=queue_pages(client, project_id, dataset, predictions, model_version,
                                                                         view=view))

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from components.services.process import VAR_DIR
+from monitoring.suspect import review_reasons
 
 DEFAULT_LOG_DIR = VAR_DIR / "production"
 
@@ -40,7 +41,8 @@ class ServedPage:
 
 
 class RequestLog:
-    """Append-only JSONL log plus an image folder for pages worth a second look."""
+    """Append-only JSONL log plus an image folder for pages worth a second look (unsure, empty,
+    truncated or looping outputs: :mod:`monitoring.suspect`)."""
 
     PRUNE_INTERVAL_S = 60.0
 
@@ -89,7 +91,9 @@ class RequestLog:
 
     def record(self, entry: ServedPage, image_bytes: bytes | None = None) -> ServedPage:
         self.root.mkdir(parents=True, exist_ok=True)
-        if image_bytes is not None and entry.mean_confidence < self.keep_images_below:
+        if image_bytes is not None and review_reasons(entry.text, truncated=entry.truncated,
+                                                      mean_confidence=entry.mean_confidence,
+                                                      low_confidence=self.keep_images_below):
             relative = f"images/{entry.page_id}.png"
             target = self.root / relative
             if not target.exists():

@@ -96,3 +96,20 @@ def test_register_and_promote_only_when_gates_pass(report, tiny_model_dir, tmp_p
     assert result.stats.new_tokens >= 1
     with pytest.raises(LookupError, match="cannot resolve model"):
         registry.download_model("models:/tiny@nobody", tmp_path / "nothing")
+
+
+def test_gates_on_a_prose_only_test_set_use_the_terms_present_and_say_so():
+    from components.metrics import score_dataset
+
+    prose = [("A paragraph of body text read well.", "A paragraph of body text read well.")] * 3
+    scores = score_dataset(prose)
+    assert scores.overall == pytest.approx(100 / 3) and scores.overall_present == pytest.approx(100.0)
+    metrics = {f"ar.{k}": v for k, v in scores.as_dict().items()} | {"sdb.forward_reduction": 2.0}
+    gates = registry.Gates(min_overall=82.0, min_speedup=1.5)
+    assert registry.score_key_for(metrics, gates) == "ar.overall_present"
+    assert registry.check_gates(metrics, None, gates) == []
+    strict = registry.Gates(min_overall=82.0, min_speedup=1.5, score_metric="overall")
+    [reason] = registry.check_gates(metrics, None, strict)
+    assert reason.startswith("ar.overall=33.33 is below the floor")
+    full = {"ar.overall": 90.0, "ar.overall_terms": 3.0, "ar.overall_present": 90.0, "sdb.forward_reduction": 2.0}
+    assert registry.score_key_for(full, gates) == "ar.overall"

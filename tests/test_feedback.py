@@ -54,3 +54,38 @@ def test_low_confidence_pages_reach_label_studio_once(label_studio, tmp_path):
         assert again.queue.queued == [] and len(queued_page_ids(client, project_id)) == 2
     finally:
         client.projects.delete(id=project_id)
+
+
+def _serve_text(log: RequestLog, seed: int, confidence: float, text: str, truncated: bool = False) -> ServedPage:
+    image = _png(seed)
+    entry = ServedPage(page_id=RequestLog.page_id_for(image), decoder="sdb", mean_confidence=confidence, new_tokens=40,
+                       forward_passes=12, latency_s=0.2, truncated=truncated, text=text)
+    return log.record(entry, image)
+
+
+def test_empty_truncated_and_looping_outputs_go_back_whatever_their_confidence(tmp_path):
+    from monitoring.feedback import entries_for_review
+
+    log = RequestLog(tmp_path, keep_images_below=0.8)
+    fine = _serve_text(log, 11, 0.97, "A served page with a sensible transcription of its body text.")
+    empty = _serve_text(log, 12, 0.93, "   ")
+    cut = _serve_text(log, 13, 0.99, "A long page whose decoding hit the token limit", truncated=True)
+    loop = _serve_text(log, 14, 0.98, "Results of the run. " + "the the table " * 12)
+    chars = _serve_text(log, 15, 0.96, "Header\n" + "=-" * 40)
+    unsure = _serve_text(log, 16, 0.5, "A page the model was unsure about.")
+    assert fine.image is None and all(e.image for e in (empty, cut, loop, chars, unsure))
+    chosen = entries_for_review(log.entries(), threshold=0.8)
+    reasons = {entry.page_id: why for entry, why in chosen}
+    assert fine.page_id not in reasons
+    assert reasons[empty.page_id] == ["empty output"] and reasons[cut.page_id] == ["truncated"]
+    assert reasons[loop.page_id] == ["repetitive"] and reasons[chars.page_id] == ["repetitive"]
+    assert reasons[unsure.page_id] == ["low confidence"]
+    assert chosen[-1][0].page_id == unsure.page_id  # output problems come before mere low confidence
+
+
+def test_repetition_check_leaves_ordinary_prose_and_tables_alone():
+    from components.data.synthetic import generate_page
+    from monitoring.suspect import is_repetitive
+
+    assert not any(is_repetitive(generate_page(seed)[0].markup) for seed in range(40))
+    assert is_repetitive("x = 1\n" + "0" * 60)

@@ -134,7 +134,8 @@ def test_curate_flow_ingests_preannotates_splits_and_versions(prefect_api, tmp_p
     assert len({s["shard"] for s in summary["preannotation"]}) == 2
     annotated = [p for p in PageDataset(cfg.pages_dir).pages() if "preannotation" in p.meta]
     assert len(annotated) == 4 and all(0.0 <= p.meta["preannotation"]["confidence"] <= 1.0 for p in annotated)
-    assert sum(summary["splits"].values()) == 12
+    assert sum(summary["splits"]["assigned"].values()) == 12
+    assert sum(summary["splits"][name] for name in ("train", "val", "test")) == 12  # synthetic: none dropped
     assert (cfg.repository / "data.dvc").exists() and summary["data_version"]["files"] > 12
 
     again = curate(config)  # idempotent: nothing new, same data version
@@ -163,3 +164,20 @@ def test_stage_progress_line_reads_the_metrics_log(tmp_path):
     assert progress_line("stage1", metrics, 3.0) == "[train stage1] starting (3s)"
     metrics.write_text('{"step": 1, "total_steps": 4, "loss": 9.0}\n{"step": 2, "total_steps": 4, "loss": 3.25}\n')
     assert progress_line("stage1", metrics, 90.0) == "[train stage1] step 2/4 loss 3.250 ETA 1m30s"
+
+
+@pytest.mark.parametrize("flow_name", ["curate", "train", "evaluate", "deploy", "monitor", "retrain"])
+def test_every_flow_takes_its_config_as_dash_dash_config(flow_name, tmp_path):
+    """One command-line convention: ``./run flow NAME --config YAML [--set KEY=VALUE]``; a bad
+    config is one line on stderr and exit status 2, before any work or server starts."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ingest: {synthetic_pages: -1}\ntraining: {stages: {stage1: {config: configs/train/stage1.yaml}}}\n")
+    extra = ["--model-dir", str(tmp_path)] if flow_name == "evaluate" else []
+    done = subprocess.run([sys.executable, "-m", f"flows.{flow_name}", "--config", str(bad), "--set", "name=x", *extra],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().startswith("config error:") and "synthetic_pages" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -406,3 +406,10 @@ def test_consistency_rejects_bad_input():
         pairwise_consistency([[(0, 0, 1, 1)], [(0, 0, 1, 1)]], "table")
     # Garbage tables still compare without raising: different garbage scores 0.
     assert pairwise_consistency(["<table", "<<<"], "table") == 0.0
+
+
+def test_fenced_code_blocks_score_as_text_and_a_verbatim_prediction_is_perfect():
+    gt = "A listing follows.\n\n```text\nfor x in range(3):\n    print(x)\n```"
+    assert score_page(gt, gt).text_edit == 0.0
+    assert 0.0 < score_page("A listing follows.\n\nfor x in range(3):\n    print(x)", gt).text_edit < 0.2
+    assert score_page("A listing follows.", gt).text_edit > 0.5

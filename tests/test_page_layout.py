@@ -125,3 +125,15 @@ def test_prose_line_ending_in_a_symbol_inside_a_text_region_is_not_a_formula():
     assert "$$" not in markup
     without_region, _ = layout_markup([box("R = 5 Ω", 500, 300, 600)])
     assert without_region.startswith("$$")  # a short math line outside any text region still is one
+
+
+def test_a_title_pages_title_and_author_called_header_and_footer_are_read_as_text():
+    """On a title page the layout model labels the title "header" and the author "footer"; outside
+    the margins neither is a running head or foot, so both stay in the markup."""
+    boxes = [box("The GLPK Reference Manual", 250, 420, 950, 48), box("Andrew Makhorin", 450, 900, 750, 24),
+             box("Version 5.0", 520, 960, 680, 22), box("3", 595, 1540, 605)]
+    regions = [LayoutRegion("header", (240, 410, 960, 475), 0.7), LayoutRegion("footer", (440, 890, 760, 990), 0.6),
+               LayoutRegion("footer", (585, 1535, 615, 1565), 0.8)]
+    markup, _ = layout_markup(boxes, regions)
+    assert "The GLPK Reference Manual" in markup and "Andrew Makhorin" in markup
+    assert "3" not in markup.split()  # the folio in the bottom margin is still furniture

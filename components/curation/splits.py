@@ -17,12 +17,13 @@ import logging
 import math
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from components.curation.storage import write_subset
 from components.data.page_store import PageDataset
-from components.data.pages import atomic_write_text
+from components.data.pages import Page, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ def assign_split(key: str, ratios: dict[str, float] = DEFAULT_RATIOS, salt: str 
 def document_group(meta: dict, group_by: str | None = DEFAULT_GROUP_KEY) -> str | None:
     """The group key of a page from its ``meta``, or None when the page is its own group."""
     value = meta.get(group_by) if group_by else None
+    if value is None and group_by == DEFAULT_GROUP_KEY and meta.get("pdf_sha256"):
+        value = f"pdf:{meta['pdf_sha256']}"  # pages imported before document ids were recorded
     return f"{group_by}:{value}" if value is not None else None
 
 
@@ -99,6 +102,25 @@ def load_splits(dataset: PageDataset) -> dict | None:
         raise ValueError(f"{path} is not valid JSON ({exc}); fix or delete it (assignments would be lost)") from exc
 
 
+def _plan_new_groups(new: list[str], existing: dict[str, str], ratios: dict[str, float], salt: str) -> dict[str, str]:
+    """Splits for document groups seen for the first time: by hash, except that a split with a
+    share but no document yet takes the newcomer with the lowest hash from the fullest split (so
+    four PDFs still give a test split). Groups that already have a split never move."""
+    planned = {group: assign_split(group, ratios, salt) for group in new}
+    per_split = Counter(existing.values()) + Counter(planned.values())
+    for name in (name for name, ratio in ratios.items() if ratio > 0):
+        if per_split[name]:
+            continue
+        donor = max(ratios, key=lambda other: per_split[other])
+        movable = sorted((g for g, split in planned.items() if split == donor), key=lambda g: hash_fraction(g, salt))
+        if per_split[donor] < 2 or not movable:
+            continue
+        planned[movable[0]] = name
+        per_split[donor] -= 1
+        per_split[name] += 1
+    return planned
+
+
 def make_splits(
     dataset: PageDataset,
     ratios: dict[str, float] | None = None,
@@ -107,12 +129,14 @@ def make_splits(
     group_by: str | None = DEFAULT_GROUP_KEY,
     out_dir: str | os.PathLike | None = None,
     reassign: bool = False,
+    target: Callable[[Page], Page | None] | None = None,
 ) -> SplitResult:
     """Give every page without one a split (recorded on the page), optionally write split datasets.
 
     With ``out_dir``, each split is written as its own dataset folder ``out_dir/<split>/``. Memory
     stays bounded whatever the size of the store: one shard of pages at a time plus one entry per
-    document group.
+    document group. ``target`` maps each page to what the split store holds (its training target),
+    or to None to leave it out of the written splits (it keeps its split assignment).
     """
     ratios = validate_ratios(ratios or DEFAULT_RATIOS)
     recorded = load_splits(dataset)
@@ -121,22 +145,26 @@ def make_splits(
                        recorded.get("ratios"), ratios)
     # Pass 1, two columns: splits already given, per page and per document group.
     group_split: dict[str, str] = {}
+    new_groups: set[str] = set()
     unknown: set[str] = set()
-    if not reassign:
-        for table in dataset.scan(["meta"]):
-            for meta_json in table.column("meta").to_pylist():
-                meta = json.loads(meta_json) if f'"{SPLIT_KEY}"' in meta_json else {}
-                split = meta.get(SPLIT_KEY)
-                if split is None:
-                    continue
-                if split not in ratios:
-                    unknown.add(split)
-                group = document_group(meta, group_by)
+    for table in dataset.scan(["meta"]):
+        for meta_json in table.column("meta").to_pylist():
+            meta = json.loads(meta_json) if f'"{SPLIT_KEY}"' in meta_json or '"document_id"' in meta_json \
+                or '"pdf_sha256"' in meta_json else {}
+            group = document_group(meta, group_by)
+            split = None if reassign else meta.get(SPLIT_KEY)
+            if split is None:
                 if group is not None:
-                    group_split.setdefault(group, split)
+                    new_groups.add(group)
+                continue
+            if split not in ratios:
+                unknown.add(split)
+            if group is not None:
+                group_split.setdefault(group, split)
     if unknown:
         raise ValueError(f"pages of {dataset.root} are in splits {sorted(unknown)}, which the ratios {ratios} lack; "
                          f"keep those split names or pass reassign=True")
+    group_split.update(_plan_new_groups(sorted(new_groups - group_split.keys()), group_split, ratios, salt))
     # Pass 2, shard by shard: assign the pages that have no split yet and write them back.
     counts = Counter({name: 0 for name in ratios})
     new_pages = []
@@ -165,5 +193,7 @@ def make_splits(
     if out_dir is not None:  # one streaming pass over the store per split
         for name in ratios:
             members = (page for page in dataset.iter_pages() if page.meta.get(SPLIT_KEY) == name)
+            if target is not None:
+                members = (kept for kept in map(target, members) if kept is not None)
             result.datasets[name] = write_subset(dataset, members, Path(out_dir) / name)
     return result

@@ -7,6 +7,7 @@ involved); they hold no Prefect code, so tests and notebooks run them directly.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from components.curation.labelstudio import (
@@ -17,11 +18,13 @@ from components.curation.labelstudio import (
     ensure_project,
     export_corrections,
     queue_pages,
+    queued_page_ids,
 )
 from components.curation.mining import mine_consistency, write_hard_examples
 from components.curation.preannotate import PreAnnotation, make_preannotator, preannotate_dataset
 from components.curation.splits import make_splits
-from components.data.page_store import PageDataset
+from components.curation.targets import TargetReport, page_with_target
+from components.data.page_store import PREANNOTATED, PageDataset
 from components.data.synthetic import SyntheticConfig, generate_page
 from components.data.versioning import DataVersion, DataVersioner
 from components.pipeline import PipelineConfig
@@ -73,7 +76,24 @@ def ingest_pages(cfg: PipelineConfig) -> dict:
 
 
 def preannotation_units(cfg: PipelineConfig) -> list[dict]:
-    return PageDataset(cfg.pages_dir).shard_units(cfg.curation.preannotation.max_pages)
+    """One unit per store shard: the first ``max_pages`` pages (a fixed sample of pages that have
+    ground truth, pre-annotated for the annotators' queue) plus every page with no truth of its own
+    (imported PDFs and images), whose pre-annotation is the only target they can have."""
+    dataset = PageDataset(cfg.pages_dir)
+    units = dataset.shard_units(cfg.curation.preannotation.max_pages)
+    if cfg.curation.preannotation.max_pages is None:
+        return units
+    untargeted = [page_id for table in dataset.scan(["elements", "markup_override"])
+                  for page_id, elements, override in zip(table.column("page_id").to_pylist(),
+                                                         table.column("elements").to_pylist(),
+                                                         table.column("markup_override").to_pylist(), strict=True)
+                  if elements in ("[]", "", None) and not override]
+    wanted = {unit["shard"]: list(unit["page_ids"]) for unit in units}
+    listed = {page_id for ids in wanted.values() for page_id in ids}
+    for page_id, shard in dataset.shard_of(untargeted).items():
+        if page_id not in listed:
+            wanted.setdefault(shard, []).append(page_id)
+    return [{"shard": shard.name, "page_ids": wanted[shard.name]} for shard in dataset.shards() if shard.name in wanted]
 
 
 def preannotate_shard(cfg: PipelineConfig, unit: dict) -> dict:
@@ -87,10 +107,27 @@ def preannotate_shard(cfg: PipelineConfig, unit: dict) -> dict:
     todo = [page.page_id for page in pages
             if (page.meta.get("preannotation") or {}).get("model_version") != annotator.model_version]
     out = PageDataset(cfg.run_dir / "preannotation" / unit["shard"].removesuffix(".parquet"))
-    report = preannotate_dataset(dataset, annotator, out=out, page_ids=todo)
+    report = preannotate_dataset(dataset, annotator, out=out, page_ids=todo,
+                                 progress=_preannotation_progress(unit["shard"], len(todo), annotator.model_version))
     return {"shard": unit["shard"], "out": str(out.root), "annotated": len(report.annotated),
             "skipped": len(report.skipped) + len(pages) - len(todo), "failed": report.failed,
             "seconds": round(report.seconds, 1), "model_version": annotator.model_version}
+
+
+def _preannotation_progress(shard: str, total: int, model_version: str):
+    """A progress callback printing one line per page (slow backends take seconds a page)."""
+    started = time.monotonic()
+    done = 0
+
+    def report(page_id: str, annotation) -> None:
+        nonlocal done
+        done += 1
+        rate = (time.monotonic() - started) / done
+        outcome = f"confidence {annotation.confidence:.3f}" if annotation is not None else "failed"
+        print(f"[pre-annotate {model_version}] {shard}: {done}/{total} {page_id} {outcome} "
+              f"({rate:.1f} s/page, ~{rate * (total - done):.0f}s left)", flush=True)
+
+    return report
 
 
 def merge_preannotations(cfg: PipelineConfig, shard_reports: list[dict]) -> tuple[list[PagePrediction], str]:
@@ -143,17 +180,50 @@ def label_studio(cfg: PipelineConfig) -> LabelStudioHandle:
     return LabelStudioHandle(client=client, url=url, project_id=project_id, view=section.view)
 
 
+def choose_for_queue(candidates: list[PagePrediction], *, policy: str, below: float, max_tasks: int,
+                     already_queued: int = 0) -> list[PagePrediction]:
+    """The pages to queue now, lowest confidence first.
+
+    ``threshold``: pages under ``below`` confidence, at most ``max_tasks`` per run. ``budget``: the
+    least confident pages whatever their confidence, until the project holds ``max_tasks`` tasks
+    from every source (pre-annotation, hard examples, production) together — a confident
+    pre-annotator (RapidOCR reports 0.97–0.99998 on real pages) still fills the annotators' queue.
+    """
+    ranked = sorted(candidates, key=lambda p: (p.confidence, p.page_id))
+    if policy == "budget":
+        return ranked[: max(0, max_tasks - already_queued)]
+    if policy != "threshold":
+        raise ValueError(f"queue policy must be 'threshold' or 'budget', not {policy!r}")
+    return [p for p in ranked if p.confidence < below][:max_tasks]
+
+
 def queue_for_annotation(cfg: PipelineConfig, dataset: PageDataset, predictions: list[PagePrediction], model_version: str) -> dict:
-    """Queue the least confident pages (below the configured confidence), lowest first."""
+    """Queue the least confident pages by the configured policy (threshold or budget), lowest first.
+    Pages already queued stay as they are; a page the policy newly admits (a raised threshold, a
+    larger budget) is queued on the next run."""
     section = cfg.curation.label_studio
-    chosen = sorted((p for p in predictions if p.confidence < section.queue_below_confidence), key=lambda p: p.confidence)
-    chosen = chosen[: section.max_tasks]
-    if not chosen:
-        return {"queued": 0, "already_queued": 0}
+    if not predictions:
+        return {"queued": 0, "already_queued": 0, "policy": section.queue_policy}
     handle = label_studio(cfg)
+    existing = queued_page_ids(handle.client, handle.project_id)
+    fresh = [p for p in predictions if p.page_id not in existing]
+    chosen = choose_for_queue(fresh, policy=section.queue_policy, below=section.queue_below_confidence,
+                              max_tasks=section.max_tasks, already_queued=len(existing))
     result = queue_pages(handle.client, handle.project_id, dataset, chosen, model_version, view=handle.view)
-    return {"queued": len(result.queued), "already_queued": len(result.already_queued), "url": handle.url,
-            "project_id": handle.project_id}
+    return {"queued": len(result.queued), "already_queued": len(existing), "policy": section.queue_policy,
+            "candidates": len(predictions), "url": handle.url, "project_id": handle.project_id}
+
+
+def preannotated_candidates(dataset: PageDataset) -> list[PagePrediction]:
+    """Every page of the store holding a pre-annotation and no annotator's correction yet, with its
+    latest pre-annotation: the queue reconsiders them all on each run, not only this run's pages."""
+    candidates = []
+    for page in dataset.iter_pages(filter=PREANNOTATED):
+        record = page.meta.get("preannotation")
+        if isinstance(record, dict) and not page.meta.get("correction"):
+            candidates.append(PagePrediction(page.page_id, record["markup"], float(record["confidence"]),
+                                             tuple(preannotation_elements(record))))
+    return candidates
 
 
 def import_corrections(cfg: PipelineConfig) -> dict:
@@ -165,9 +235,18 @@ def import_corrections(cfg: PipelineConfig) -> dict:
     return {"corrections": len(corrections), "applied": len(changed), "rejected": rejected}
 
 
-def split_pages(cfg: PipelineConfig) -> dict[str, int]:
-    result = make_splits(PageDataset(cfg.pages_dir), cfg.curation.splits, out_dir=cfg.splits_dir)
-    return result.counts()
+def split_pages(cfg: PipelineConfig) -> dict:
+    """Assign splits (by document) and write the split stores with each page's target; pages with
+    nothing to learn from are left out and counted, once, in the log."""
+    targets = TargetReport()
+    result = make_splits(PageDataset(cfg.pages_dir), cfg.curation.splits, out_dir=cfg.splits_dir,
+                         target=lambda page: page_with_target(page, targets))
+    if targets.dropped:
+        logger.warning("curation dropped %d unusable pages from the splits: %s",
+                       sum(targets.dropped.values()), dict(targets.dropped))
+        print(f"[split] dropped {sum(targets.dropped.values())} unusable pages: {dict(targets.dropped)}", flush=True)
+    written = {name: len(store) for name, store in result.datasets.items()}
+    return {**written, "assigned": result.counts(), "targets": targets.summary()}
 
 
 def mining_units(cfg: PipelineConfig) -> list[dict]:

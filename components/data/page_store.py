@@ -86,6 +86,7 @@ RECORD_COLUMNS = ["page_id", "ord", "image", "width", "height", "source", "eleme
 # Filters for :meth:`PageDataset.scan` / :meth:`PageDataset.iter_pages`.
 HARD = pc.field("hard")
 NOT_PREANNOTATED = ~pc.field("preannotated")
+PREANNOTATED = pc.field("preannotated")
 
 _THREAD_LOCKS: dict[Path, threading.Lock] = {}
 _THREAD_LOCKS_GUARD = threading.Lock()

@@ -223,6 +223,11 @@ def _check_on_error(on_error: str) -> None:
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
 
 
+def pdf_document_id(digest: str) -> str:
+    """The document a PDF's pages belong to (its content hash): splits keep a document's pages together."""
+    return f"pdf:{digest}"
+
+
 def import_pdfs(
     source: str | Path, dataset_root: str | Path, dpi: float = DEFAULT_DPI, max_side: int | None = None,
     password: str | None = None, on_error: OnError = "raise",
@@ -264,7 +269,8 @@ def _import_pdf(
         pending.report.skipped += [page_id for number, page_id in ids.items() if number not in todo]
         for rendered in render_pages(document, path, todo, dpi, max_side):
             meta = {
-                "pdf_path": str(path.resolve()), "pdf_sha256": digest, "page_number": rendered.number,
+                "pdf_path": str(path.resolve()), "pdf_sha256": digest, "document_id": pdf_document_id(digest),
+                "page_number": rendered.number,
                 "page_count": page_count, "render_dpi": rendered.dpi, "page_size_pt": list(rendered.size_pt),
             }
             source = f"pdf:{path.name}#{rendered.number}"
@@ -298,7 +304,7 @@ def import_images(source: str | Path, dataset_root: str | Path, on_error: OnErro
                     raise
                 pending.report.failed.append((str(path), str(exc)))
                 continue
-            meta = {"image_path": str(path.resolve()), "sha256": digest}
+            meta = {"image_path": str(path.resolve()), "sha256": digest, "document_id": f"image:{digest}"}
             pending.add(page_id, image, f"image:{path.name}", meta)
     except BaseException:
         pending.discard(list(pending.pages))

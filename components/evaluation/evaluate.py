@@ -52,6 +52,9 @@ class EvaluationReport:
     n_pages: int
     decoders: dict[str, DecoderEvaluation]
     baseline: str = "ar"
+    # Pages left out because they have no ground truth (imported, never pre-annotated or corrected):
+    # scoring them against the empty string would report 0 for a model that may read them well.
+    refused_no_truth: int = 0
 
     def ratios(self) -> dict[str, dict[str, float]]:
         """Per decoder: speedups over AR (>1 = faster) and score delta (points of Overall)."""
@@ -70,6 +73,7 @@ class EvaluationReport:
     def as_dict(self) -> dict:
         return {
             "n_pages": self.n_pages,
+            "refused_no_truth": self.refused_no_truth,
             "baseline": self.baseline,
             "decoders": {
                 # vars, not asdict: asdict would deep-copy the per-page scores and results only to drop them
@@ -133,6 +137,10 @@ def _same_output_fraction(ev: DecoderEvaluation, base: DecoderEvaluation) -> flo
 
 class NotHeldOutError(ValueError):
     """An evaluation set holding pages the model was trained on."""
+
+
+class NoGroundTruthError(ValueError):
+    """No page offered for evaluation has anything to be scored against."""
 
 
 def assert_held_out(model_dir: str | Path, dataset: PageDataset) -> None:
@@ -204,7 +212,8 @@ def merge_reports(reports: Sequence[EvaluationReport]) -> EvaluationReport:
             name, first.params, [row["page_id"] for part in parts for row in part.pages], [s for part in parts for s in part.page_scores],
             [r for part in parts for r in part.results], sum(part.wall_seconds for part in parts))
     return EvaluationReport(n_pages=sum(report.n_pages for report in reports), decoders=decoders,
-                            baseline=reports[0].baseline)
+                            baseline=reports[0].baseline,
+                            refused_no_truth=sum(report.refused_no_truth for report in reports))
 
 
 def evaluate_decoders(
@@ -219,9 +228,17 @@ def evaluate_decoders(
     names = [p.decoder for p in decoders]
     if len(set(names)) != len(names):
         raise ValueError(f"each decoder may appear once per report, got {names}")
-    pages = list(pages if pages is not None else dataset.iter_pages(page_ids=dataset.ids(limit=limit)))
+    offered = list(pages if pages is not None else dataset.iter_pages(page_ids=dataset.ids(limit=limit)))
+    pages = [page for page in offered if page.markup.strip()]
+    refused = len(offered) - len(pages)
+    if not pages:
+        raise NoGroundTruthError(
+            f"none of the {len(offered)} pages of {dataset.root} has ground truth (no markup, correction or "
+            "pre-annotation); pre-annotate or correct them before evaluating")
+    if refused:
+        print(f"[evaluate] {refused} of {len(offered)} pages of {dataset.root} have no ground truth; left out", flush=True)
     evaluations = {p.decoder: evaluate_decoder(engine, dataset, p, pages, batch_size) for p in decoders}
-    return EvaluationReport(n_pages=len(pages), decoders=evaluations)
+    return EvaluationReport(n_pages=len(pages), decoders=evaluations, refused_no_truth=refused)
 
 
 def plot_score_vs_speed(report: EvaluationReport, path: str | Path) -> Path:

@@ -81,6 +81,7 @@ def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version:
     registry.configure(experiment=f"{cfg.name}-evaluation")
     report = evaluate_model(cfg, model_dir, reports)
     params = {"model_dir": str(model_dir), "split": cfg.evaluation.pages_dir or cfg.evaluation.split, "n_pages": report.n_pages,
+              "refused_no_truth": report.refused_no_truth,
               **{f"decoder.{p.decoder}": p for p in decoder_params(cfg)}, **{f"train.{k}": v for k, v in (training or {}).items()}}
     tags = {f"data.{k}": str(v) for k, v in (data_version or {}).items()}
     run_id = log_report(report, model_dir, params=params, data_version=(data_version or {}).get("md5"), tags=tags)
@@ -93,6 +94,7 @@ def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version:
     return {
         "run_id": run_id, "model_name": cfg.evaluation.model_name, "version": version, "promoted": decision.passed,
         "gate_failures": decision.reasons, "previous_champion": decision.previous_champion,
+        "gate_metric": decision.score_metric, "refused_no_truth": report.refused_no_truth,
         "table": report.table(), "ratios": report.ratios(), "tracking_uri": mlflow.get_tracking_uri(),
         "sample": sample_page(report, PageDataset(cfg.evaluation_dir)),
     }

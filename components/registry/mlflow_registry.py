@@ -64,6 +64,9 @@ class Gates:
     ``max_score_drop``: how far (Overall points) below the champion's score a candidate may be.
     ``min_speedup``: the speed ratio over AR, measured in the same run, of ``speed_decoder``.
     ``min_overall``: an absolute floor, so a first model cannot be champion just by existing.
+    ``score_metric``: ``overall`` (OmniDocBench's, a missing term counting 0), ``overall_present``
+    (the mean of the terms the test set has), or ``auto``: ``overall`` when the test set has text,
+    tables and formulas, else ``overall_present`` (a prose-only set's Overall can never pass 33.3).
     """
 
     max_score_drop: float = 0.0
@@ -72,6 +75,18 @@ class Gates:
     speed_metric: str = "forward_reduction"
     score_decoder: str = "ar"
     min_overall: float = 0.0
+    score_metric: str = "auto"
+
+
+def score_key_for(candidate: dict[str, float], gates: Gates) -> str:
+    """The metric the score gates read: ``<decoder>.overall`` or ``<decoder>.overall_present``."""
+    metric = gates.score_metric
+    if metric == "auto":
+        terms = candidate.get(f"{gates.score_decoder}.overall_terms")
+        metric = "overall" if terms is None or terms >= 3 else "overall_present"
+    if metric not in ("overall", "overall_present"):
+        raise ValueError(f"score_metric must be overall, overall_present or auto, not {gates.score_metric!r}")
+    return f"{gates.score_decoder}.{metric}"
 
 
 @dataclass
@@ -80,6 +95,7 @@ class PromotionDecision:
     version: str
     reasons: list[str] = field(default_factory=list)
     previous_champion: str | None = None
+    score_metric: str | None = None  # the metric the score gates read (named in every report)
 
 
 def log_evaluation(
@@ -130,7 +146,7 @@ def version_metrics(name: str, version: str) -> dict[str, float]:
 def check_gates(candidate: dict[str, float], incumbent: dict[str, float] | None, gates: Gates) -> list[str]:
     """Reasons the candidate fails (empty list = passes). Pure, so it is tested without MLflow."""
     failures = []
-    score_key = f"{gates.score_decoder}.overall"
+    score_key = score_key_for(candidate, gates)
     speed_key = f"{gates.speed_decoder}.{gates.speed_metric}"
     score = candidate.get(score_key)
     if score is None:
@@ -155,13 +171,15 @@ def promote_if_passing(name: str, version: str, gates: Gates, alias: str = CHAMP
     incumbent = None
     if current is not None and str(current.version) != str(version):
         incumbent = version_metrics(name, str(current.version))
-    reasons = check_gates(version_metrics(name, version), incumbent, gates)
+    metrics = version_metrics(name, version)
+    reasons = check_gates(metrics, incumbent, gates)
     decision = PromotionDecision(
         passed=not reasons, version=str(version), reasons=reasons,
-        previous_champion=None if current is None else str(current.version),
+        previous_champion=None if current is None else str(current.version), score_metric=score_key_for(metrics, gates),
     )
     client = MlflowClient()
-    client.set_model_version_tag(name, version, "gates", json.dumps({"passed": decision.passed, "reasons": reasons, **asdict(gates)}))
+    client.set_model_version_tag(name, version, "gates", json.dumps({"passed": decision.passed, "score_metric_used": decision.score_metric,
+                                                                 "reasons": reasons, **asdict(gates)}))
     if decision.passed:
         client.set_registered_model_alias(name, alias, version)
     return decision

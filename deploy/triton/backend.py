@@ -77,7 +77,8 @@ class TritonPythonModel:
         )
         self.model_info = resolved.describe()
         self.engine = DecodingEngine.from_pretrained(resolved.path, device=parameters.get("device") or "cpu")
-        self.metrics = BackendMetrics(pb_utils, self.model_name)
+        self.metrics = BackendMetrics(pb_utils, self.model_name,
+                                      model_version=str(resolved.version) if resolved.version else "local")
         self.request_log = RequestLog(
             parameters.get("request_log_dir") or None,
             max_image_mb=float(parameters.get("request_log_max_image_mb") or 1024),

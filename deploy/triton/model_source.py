@@ -86,6 +86,27 @@ def _download_once(artifact_uri: str, destination: Path, tracking_uri: str) -> P
     return destination
 
 
+def expected_model(model_uri: str, tracking_uri: str | None = None) -> dict[str, str | None]:
+    """What a server pointed at ``model_uri`` must report serving, resolved now without downloading:
+    ``{"registered_name", "version"}`` for a registry URI (the alias's current version), else
+    ``{"uri"}`` for a run artifact or folder."""
+    uri = model_uri.strip()
+    registry = _REGISTRY_URI.match(uri)
+    if registry is None:
+        return {"uri": uri}
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    tracking = tracking_uri or default_tracking_uri()
+    client = MlflowClient(tracking_uri=tracking, registry_uri=tracking)
+    name, alias = registry.group("name"), registry.group("alias")
+    try:
+        version = client.get_model_version_by_alias(name, alias).version if alias else registry.group("version")
+    except MlflowException as exc:
+        raise ModelSourceError(f"cannot resolve {uri} against MLflow at {tracking}: {exc.message}") from exc
+    return {"registered_name": name, "version": str(version)}
+
+
 def resolve_model(model_uri: str, tracking_uri: str | None = None, cache_dir: Path | None = None) -> ResolvedModel:
     """A local folder for ``model_uri`` (``models:/name@alias``, ``models:/name/N``, ``runs:/...``, or a path)."""
     uri = model_uri.strip()

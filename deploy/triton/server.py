@@ -304,6 +304,7 @@ class TritonServer:
     service: ManagedService
     shm_region_prefix: str
     startup_seconds: float | None = field(default=None, init=False)
+    deploy_mode: str | None = field(default=None, init=False)  # "started" or "reloaded", set by the deploy
 
     @property
     def http_url(self) -> str:

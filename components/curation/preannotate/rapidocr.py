@@ -245,7 +245,11 @@ class RapidOCRAnnotator:
             return []
         cfg = self.config
         width, height = page_size
-        regions = regions or []
+        # Running heads and feet live in the margins: a "header"/"footer" region further in is a title
+        # page's title or author line (the layout model calls them so), read as text like any other.
+        band = cfg.margin_fraction * height
+        regions = [r for r in regions or [] if r.category not in ("header", "footer")
+                   or r.box[3] <= band or r.box[1] >= height - band]
         gutter = find_gutter([b.box for b in boxes], width) if cfg.detect_columns else None
         claimed, free = self._claim(boxes, regions)
         blocks = [block for region, owned in claimed for block in self._region_blocks(region, owned)]

@@ -1,0 +1,95 @@
+"""Bring-your-own PDFs through curation: every page of one PDF in one split, each page trained and
+scored against its best truth, unusable pages dropped with a count (never a training crash)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from components.curation.labelstudio import PagePrediction
+from components.curation.preannotate import PreAnnotation
+from components.curation.splits import make_splits
+from components.curation.targets import TargetReport, page_with_target
+from components.curation.workflow import choose_for_queue
+from components.data.page_store import PageDataset
+from components.data.pages import LayoutElement, Page
+from components.data.pdf import import_pdfs
+from tests.test_pdf_loader import synthetic_pages, write_pdf
+
+
+def _preannotated(page: Page, markup: str, elements: list[LayoutElement] | None = None) -> Page:
+    record = PreAnnotation(markup, 0.97, "rapidocr-test", elements or []).to_json()
+    return Page(page.page_id, page.image, page.width, page.height, [], page.source, {**page.meta, "preannotation": record})
+
+
+def test_pages_of_one_pdf_share_a_document_id_and_a_split(tmp_path):
+    (tmp_path / "pdfs").mkdir()
+    for index in range(8):  # eight documents of three pages each
+        write_pdf(tmp_path / "pdfs" / f"doc-{index}.pdf", synthetic_pages(range(3 * index, 3 * index + 3)))
+    import_pdfs(tmp_path / "pdfs", tmp_path / "pages", dpi=36)
+    store = PageDataset(tmp_path / "pages")
+    documents = Counter(page.meta["document_id"] for page in store.pages())
+    assert len(documents) == 8 and set(documents.values()) == {3}
+    make_splits(store, {"train": 0.5, "val": 0.25, "test": 0.25})
+    splits_of = {}
+    for page in store.pages():
+        splits_of.setdefault(page.meta["document_id"], set()).add(page.meta["split"])
+    assert all(len(splits) == 1 for splits in splits_of.values())  # no document leaks across splits
+    assert len({split for splits in splits_of.values() for split in splits}) > 1
+
+
+def test_each_page_gets_its_best_truth_and_unusable_pages_are_counted():
+    blank = Page("p", "img.png", 100, 100, source="pdf:doc.pdf#1")
+    corrected = Page("c", "img.png", 100, 100, source="pdf:doc.pdf#2", markup_override="Corrected text.",
+                     meta={"correction": {"annotator": 1}})
+    synthetic = Page("s", "img.png", 100, 100, [LayoutElement("text", (0, 0, 10, 10), "Synthetic text.")])
+    silver = _preannotated(Page("a", "img.png", 100, 100), "Pre-annotated text.", [LayoutElement("text", (0, 0, 9, 9), "x")])
+    furniture = _preannotated(Page("f", "img.png", 100, 100), "", [LayoutElement("header", (0, 0, 9, 9), "Chapter 3")])
+    empty = _preannotated(Page("e", "img.png", 100, 100), "  ")
+    report = TargetReport()
+    kept = {page.page_id: page_with_target(page, report) for page in (blank, corrected, synthetic, silver, furniture, empty)}
+    assert kept["p"] is None and kept["f"] is None and kept["e"] is None
+    assert kept["c"].markup == "Corrected text." and kept["s"].markup == "Synthetic text."
+    assert kept["a"].markup == "Pre-annotated text." and kept["a"].meta["truth"] == "preannotation:rapidocr-test"
+    assert report.summary() == {
+        "kept": {"correction": 1, "synthetic": 1, "preannotation": 1},
+        "dropped": {"not pre-annotated": 1, "only page furniture": 1, "empty pre-annotation": 1},
+    }
+
+
+def test_split_stores_hold_only_pages_with_a_target(tmp_path):
+    write_pdf(tmp_path / "doc.pdf", synthetic_pages(range(4)))
+    import_pdfs(tmp_path / "doc.pdf", tmp_path / "pages", dpi=36)
+    store = PageDataset(tmp_path / "pages")
+    pages = store.pages()
+    store.upsert([_preannotated(pages[0], "Read text."), _preannotated(pages[1], "")])
+    report = TargetReport()
+    result = make_splits(store, {"train": 1.0}, out_dir=tmp_path / "splits",
+                         target=lambda page: page_with_target(page, report))
+    assert result.counts() == {"train": 4}  # every page keeps its split assignment
+    assert [page.markup for page in result.datasets["train"].pages()] == ["Read text."]
+    assert report.dropped == Counter({"not pre-annotated": 2, "empty pre-annotation": 1})
+
+
+def test_queue_policies_threshold_and_budget():
+    candidates = [PagePrediction(f"p{i}", "text", confidence) for i, confidence in enumerate((0.999, 0.97, 0.995, 0.98))]
+    threshold = choose_for_queue(candidates, policy="threshold", below=0.9, max_tasks=10)
+    assert threshold == []  # a confident pre-annotator queues nothing under a threshold...
+    budget = choose_for_queue(candidates, policy="budget", below=0.9, max_tasks=3, already_queued=1)
+    assert [p.page_id for p in budget] == ["p1", "p3"]  # ...a budget takes the least confident, across sources
+    raised = choose_for_queue(candidates, policy="threshold", below=0.99, max_tasks=10)
+    assert [p.page_id for p in raised] == ["p1", "p3"]
+
+
+def test_a_handful_of_pdfs_still_gives_every_split_a_document(tmp_path):
+    (tmp_path / "pdfs").mkdir()
+    for index in range(4):
+        write_pdf(tmp_path / "pdfs" / f"manual-{index}.pdf", synthetic_pages(range(2 * index, 2 * index + 2)))
+    import_pdfs(tmp_path / "pdfs", tmp_path / "pages", dpi=36)
+    store = PageDataset(tmp_path / "pages")
+    result = make_splits(store, {"train": 0.9, "val": 0.05, "test": 0.05})
+    assert all(count >= 2 for count in result.counts().values()), result.counts()  # whole documents in each
+    before = {page.page_id: page.meta["split"] for page in store.pages()}
+    write_pdf(tmp_path / "pdfs" / "manual-4.pdf", synthetic_pages(range(40, 42)))
+    import_pdfs(tmp_path / "pdfs", tmp_path / "pages", dpi=36)
+    make_splits(store, {"train": 0.9, "val": 0.05, "test": 0.05})
+    assert all(store.get(page_id).meta["split"] == split for page_id, split in before.items())  # nothing moves
