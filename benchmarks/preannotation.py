@@ -300,6 +300,7 @@ def score_page(bench: BenchPage, truth: PageTruth, annotation, seconds: float) -
         "tables": len(bench.tables), "tables_found": found,
         "table_teds": round(statistics.mean(table_teds), 4) if table_teds else None,
         "code_listings": len(bench.code), "code_as_table": code_as_table, "seconds": round(seconds, 3),
+        "confidence": round(float(annotation.confidence), 6),
     }
 
 
@@ -317,7 +318,21 @@ def summarize(rows: list[dict]) -> dict:
         "code_as_table": sum(r["code_as_table"] for r in rows),
         "seconds_per_page": round(statistics.median(seconds), 3),
         "seconds_spread": [round(min(seconds), 3), round(max(seconds), 3)],
+        # How well the page confidence ranks pages for the annotator queue (lowest first): the
+        # rank correlation with the body text edit distance (-1 = perfect ranking, 0 = none).
+        "spearman_confidence_vs_edit": confidence_ranking(rows),
     }
+
+
+def confidence_ranking(rows: list[dict]) -> float | None:
+    """Spearman's rho between page confidence and body text edit distance (None when undefined)."""
+    from scipy.stats import spearmanr
+
+    pairs = [(r["confidence"], r["body_text_edit"]) for r in rows if r.get("confidence") is not None]
+    if len(pairs) < 3 or len({c for c, _ in pairs}) < 2 or len({e for _, e in pairs}) < 2:
+        return None
+    rho = spearmanr([c for c, _ in pairs], [e for _, e in pairs]).statistic
+    return round(float(rho), 3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,11 +367,25 @@ def render_page(pdf, index: int) -> Image.Image:
     return pdf[index].render(scale=DPI / 72, grayscale=False).to_pil().convert("RGB")
 
 
+def folder_pages(folder: Path) -> list[BenchPage]:
+    """Every page of every PDF in ``folder`` (named ``<file stem>-<page>``; no table or code truth)."""
+    import pypdfium2 as pdfium
+
+    pages = []
+    for path in sorted(folder.glob("*.pdf")):
+        count = len(pdfium.PdfDocument(str(path)))
+        pages += [BenchPage(f"{path.stem}-{index + 1}", str(path.resolve()), index) for index in range(count)]
+    if not pages:
+        raise SystemExit(f"no PDF pages in {folder}")
+    return pages
+
+
 def load_bench_pages(cache: Path, selected: list[BenchPage]) -> list[tuple[BenchPage, Image.Image, PageTruth]]:
     """Rendered images and ground truth of ``selected`` (images cached as PNG)."""
     import pypdfium2 as pdfium
 
-    pdfs = fetch_documents(cache, {p.document for p in selected})
+    pdfs = fetch_documents(cache, {p.document for p in selected} & DOCUMENTS.keys())
+    pdfs |= {p.document: Path(p.document) for p in selected if p.document not in DOCUMENTS}  # --pdf-dir files
     out = []
     for bench in selected:
         pdf = pdfium.PdfDocument(str(pdfs[bench.document]))
@@ -404,14 +433,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-fixtures", default=None, metavar="DIR",
                         help="write the selected pages as regression-test fixtures into DIR and stop")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per page and backend (median kept)")
+    parser.add_argument("--pdf-dir", default=None, metavar="DIR",
+                        help="every page of the PDFs in DIR instead of the fixed pages (truth: their text layer)")
     parser.add_argument("--out", default=str(VAR_DIR / "bench" / "preannotation"))
     args = parser.parse_args(argv)
 
     out = Path(args.out)
     wanted = set(args.pages.split(",")) if args.pages else None
-    selected = [p for p in PAGES if wanted is None or p.name in wanted]
+    candidates = folder_pages(Path(args.pdf_dir)) if args.pdf_dir else PAGES
+    selected = [p for p in candidates if wanted is None or p.name in wanted]
     if wanted and len(selected) != len(wanted):
-        raise SystemExit(f"unknown page(s) {sorted(wanted - {p.name for p in PAGES})}")
+        raise SystemExit(f"unknown page(s) {sorted(wanted - {p.name for p in candidates})}")
     pages = load_bench_pages(out / "debian", selected)
     if args.write_fixtures:
         for bench, image, truth in pages:

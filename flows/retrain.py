@@ -76,7 +76,7 @@ def where_things_are(summary: dict) -> str:
         + ("alias 'champion'" if evaluation["promoted"] else f"not promoted ({'; '.join(evaluation['gate_failures'])})")
         + f"; gated on {evaluation.get('gate_metric')}",
         "            browse: ./run services start mlflow  ->  http://127.0.0.1:5000",
-        f"Data (DVC)  data.dvc md5 {summary['train']['data_version']['md5'] if summary['train'].get('data_version') else '-'}",
+        _data_line(summary["train"].get("data_version")),
     ]
     queue = summary["curate"].get("queue") or {}
     if queue.get("url"):
@@ -99,6 +99,12 @@ def where_things_are(summary: dict) -> str:
         lines.append(f"Prefect     {summary['prefect_ui']}  (flow runs of this life cycle)")
     lines += ["Stop services: ./run services stop --all", "=" * 78]
     return "\n".join(lines)
+
+
+def _data_line(version: dict | None) -> str:
+    if not version:
+        return "Data (DVC)  not versioned"
+    return f"Data (DVC)  {version['path']}.dvc md5 {version['md5']}"
 
 
 def sample_lines(sample: dict | None, width: int = 300) -> list[str]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import time
 
+import mlflow
 import pytest
 
 from components.data.synthetic import generate_dataset
@@ -73,13 +75,22 @@ def test_gates_are_checked_against_the_champion():
 
 def test_register_and_promote_only_when_gates_pass(report, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    registry.configure(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="test-registry")
+    experiment_id = registry.configure(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="test-registry")
     gates = registry.Gates(max_score_drop=0.0, min_speedup=0.0)
-    run_1 = log_report(report, tiny_model_dir, params={"stage": "one"}, data_version="abc123")
+    started = time.time() - 30.0  # an evaluation that took 30 s before it was logged
+    run_1 = log_report(report, tiny_model_dir, params={"stage": "one"}, data_version="abc123", started_at=started,
+                       experiment_id=experiment_id)
     version_1 = registry.register_version(run_1, name="tiny")
     decision = registry.promote_if_passing("tiny", version_1, gates)
     assert decision.passed and decision.previous_champion is None
     assert str(registry.champion("tiny").version) == version_1
+    client = mlflow.MlflowClient()
+    # Opens on its runs (not MLflow 3's GenAI overview); the run spans the evaluation; the version says why.
+    assert client.get_experiment(experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    info = client.get_run(run_1).info
+    assert (info.end_time - info.start_time) / 1000 >= 30.0
+    description = client.get_model_version("tiny", version_1).description
+    assert description.startswith("PROMOTED to champion") and "ar.overall = " in description and ">= floor 0.00" in description
 
     worse = copy.deepcopy(report)
     worse.decoders["ar"].scores["overall"] = report.decoders["ar"].overall - 5.0
@@ -113,3 +124,19 @@ def test_gates_on_a_prose_only_test_set_use_the_terms_present_and_say_so():
     assert reason.startswith("ar.overall=33.33 is below the floor")
     full = {"ar.overall": 90.0, "ar.overall_terms": 3.0, "ar.overall_present": 90.0, "sdb.forward_reduction": 2.0}
     assert registry.score_key_for(full, gates) == "ar.overall"
+
+
+def test_pages_without_ground_truth_are_refused_with_a_count_not_scored_as_empty(tiny_model_dir, dataset):
+    from dataclasses import replace
+
+    from components.evaluation.evaluate import NoGroundTruthError
+
+    engine = DecodingEngine.from_pretrained(tiny_model_dir)
+    pages = dataset.pages()
+    imported = replace(pages[0], page_id="imported", elements=[], markup_override=None)  # never pre-annotated
+    report = evaluate_decoders(engine, dataset, DECODERS[:1], pages=[imported, *pages[1:]])
+    assert report.n_pages == 2 and report.refused_no_truth == 1
+    assert [row["page_id"] for row in report.decoders["ar"].pages] == [p.page_id for p in pages[1:]]
+    assert report.decoders["ar"].scores["truncated_pages"] == 2.0  # 24 tokens never reach <eos> on these pages
+    with pytest.raises(NoGroundTruthError, match="none of the 1 pages"):
+        evaluate_decoders(engine, dataset, DECODERS[:1], pages=[imported])

@@ -71,7 +71,7 @@ def test_image_input_decodes_pages_and_rejects_corrupt_ones():
     _, page = generate_page(1)
     image = protocol.image_from_input(np.array([png_bytes(page)], dtype=object))
     assert image.size == page.size
-    with pytest.raises(InvalidPageError, match="corrupt or not an image"):
+    with pytest.raises(InvalidPageError, match="not a readable image"):
         protocol.image_from_input(np.array([b"\x89PNG\r\n\x1a\n truncated"], dtype=object))
     with pytest.raises(InvalidPageError):
         protocol.image_from_input(np.array([b""], dtype=object))

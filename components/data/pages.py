@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -105,27 +106,35 @@ def validate_image(image: Image.Image, *, what: str = "page image") -> Image.Ima
 MAX_IMAGE_PIXELS = 80_000_000
 
 
-def load_image(source: str | os.PathLike | bytes) -> Image.Image:
+_OBJECT_ADDRESS = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")  # Python object reprs in library messages
+
+
+def load_image(source: str | os.PathLike | bytes, what: str | None = None) -> Image.Image:
     """Open an image from a path or bytes and fully decode it, with a clear error if it is corrupt
     or larger than :data:`MAX_IMAGE_PIXELS` (checked on the header, before decoding)."""
-    what = "page image" if isinstance(source, bytes) else f"page image {os.fspath(source)!r}"
+    if what is None:  # how errors name the input
+        what = f"page image ({len(source):,} bytes)" if isinstance(source, bytes) else f"page image {os.fspath(source)!r}"
+    limit = f"{MAX_IMAGE_PIXELS / 1e6:.0f}M-pixel limit"
     try:
         handle = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")  # noqa: SIM115
         with handle, Image.open(handle) as image:
             if image.width * image.height > MAX_IMAGE_PIXELS:
                 raise InvalidPageError(
                     f"{what} is {image.width}x{image.height} = {image.width * image.height / 1e6:.0f}M pixels, "
-                    f"over the {MAX_IMAGE_PIXELS / 1e6:.0f}M-pixel limit; downscale it before import")
+                    f"over the {limit}; downscale it first")
             image.load()
             decoded = image.convert("RGB")
     except FileNotFoundError as exc:
         raise InvalidPageError(f"{what} does not exist") from exc
     except Image.DecompressionBombError as exc:
-        raise InvalidPageError(
-            f"{what} is over the {MAX_IMAGE_PIXELS / 1e6:.0f}M-pixel limit (refused as a decompression bomb: {exc})"
-        ) from exc
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise InvalidPageError(f"{what} is corrupt or not an image: {exc}") from exc
+        # Pillow's own message quotes its own limit; ours is the one that applies.
+        declared = re.search(r"\((\d+) pixels\)", str(exc))
+        size = f" declares {int(declared.group(1)) / 1e6:.0f}M pixels, which" if declared else ""
+        raise InvalidPageError(f"{what}{size} is over the {limit} (refused before decoding); downscale it first") from exc
+    except UnidentifiedImageError as exc:
+        raise InvalidPageError(f"{what} is not a readable image (not PNG, JPEG, TIFF, WebP, ..., or corrupt)") from exc
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise InvalidPageError(f"{what} is not a readable image (corrupt: {_OBJECT_ADDRESS.sub('', str(exc))})") from exc
     return validate_image(decoded, what=what)
 
 

@@ -189,8 +189,9 @@ def _decoder_evaluation(name: str, params: dict, page_ids: Sequence[str], page_s
         }
         for page_id, r, s in zip(page_ids, results, page_scores, strict=True)
     ]
+    scores = aggregate_scores(page_scores).as_dict() | {"truncated_pages": float(sum(r.truncated for r in results))}
     return DecoderEvaluation(
-        name=name, params=params, scores=aggregate_scores(page_scores).as_dict(),
+        name=name, params=params, scores=scores,
         speed=decode_stats_summary(results).as_dict(), pages=rows,
         outputs={page_id: r.token_ids for page_id, r in zip(page_ids, results, strict=True)},
         texts={page_id: r.text for page_id, r in zip(page_ids, results, strict=True)}, wall_seconds=wall,
@@ -238,6 +239,11 @@ def evaluate_decoders(
     if refused:
         print(f"[evaluate] {refused} of {len(offered)} pages of {dataset.root} have no ground truth; left out", flush=True)
     evaluations = {p.decoder: evaluate_decoder(engine, dataset, p, pages, batch_size) for p in decoders}
+    for params in decoders:
+        cut = int(evaluations[params.decoder].scores["truncated_pages"])
+        if cut:
+            print(f"[evaluate] {params.decoder}: {cut} of {len(pages)} pages stopped at max_new_tokens={params.max_new_tokens} "
+                  "or the model's positions before <eos>; their scores count the missing rest", flush=True)
     return EvaluationReport(n_pages=len(pages), decoders=evaluations, refused_no_truth=refused)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import mlflow
@@ -78,13 +79,16 @@ def sample_page(report: EvaluationReport, dataset: PageDataset) -> dict:
 def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version: dict | None = None,
                           training: dict | None = None, reports: list[EvaluationReport] | None = None) -> dict:
     """The evaluation flow's body: one MLflow run, one registered version, an alias only if gates pass."""
-    registry.configure(experiment=f"{cfg.name}-evaluation")
+    experiment_id = registry.configure(experiment=f"{cfg.name}-evaluation")
     report = evaluate_model(cfg, model_dir, reports)
     params = {"model_dir": str(model_dir), "split": cfg.evaluation.pages_dir or cfg.evaluation.split, "n_pages": report.n_pages,
               "refused_no_truth": report.refused_no_truth,
               **{f"decoder.{p.decoder}": p for p in decoder_params(cfg)}, **{f"train.{k}": v for k, v in (training or {}).items()}}
     tags = {f"data.{k}": str(v) for k, v in (data_version or {}).items()}
-    run_id = log_report(report, model_dir, params=params, data_version=(data_version or {}).get("md5"), tags=tags)
+    # The decoders ran before this step (in per-shard tasks): the run starts when they started.
+    started_at = time.time() - sum(ev.wall_seconds for ev in report.decoders.values())
+    run_id = log_report(report, model_dir, params=params, data_version=(data_version or {}).get("md5"), tags=tags,
+                        started_at=started_at, experiment_id=experiment_id)
     with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
         reference = save_reference(report.decoders["ar"].pages, Path(tmp) / "drift_reference.json")
         mlflow.log_artifact(str(reference), artifact_path="evaluation")

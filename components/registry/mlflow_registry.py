@@ -37,6 +37,12 @@ def default_tracking_uri() -> str:
     return f"sqlite:///{folder / 'mlflow.db'}"
 
 
+# MLflow 3's UI opens an experiment without this tag on its GenAI overview ("No data available");
+# tagged as model development it opens on the runs, where training and evaluation log.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
 def configure(tracking_uri: str | None = None, experiment: str = "docmarkup") -> str:
     """Point MLflow at the store and make sure the experiment exists; returns its id.
 
@@ -47,12 +53,15 @@ def configure(tracking_uri: str | None = None, experiment: str = "docmarkup") ->
     mlflow.set_tracking_uri(uri)
     existing = mlflow.get_experiment_by_name(experiment)
     if existing is not None:
-        mlflow.set_experiment(experiment_id=existing.experiment_id)
-        return existing.experiment_id
-    location = None
-    if uri.startswith("sqlite:///"):
-        location = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").resolve().as_uri()
-    experiment_id = mlflow.create_experiment(experiment, artifact_location=location)
+        experiment_id = existing.experiment_id
+        if existing.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+            MlflowClient().set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    else:
+        location = None
+        if uri.startswith("sqlite:///"):
+            location = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").resolve().as_uri()
+        experiment_id = mlflow.create_experiment(experiment, artifact_location=location,
+                                                 tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id
 
@@ -101,9 +110,15 @@ class PromotionDecision:
 def log_evaluation(
     metrics: dict[str, float], model_dir: str | Path, *, write_artifacts: Callable[[Path], None] | None = None,
     params: dict | None = None, data_version: str | None = None, run_name: str = "evaluate", tags: dict | None = None,
+    started_at: float | None = None, experiment_id: str | None = None,
 ) -> str:
-    """Log one evaluation as a run: metrics, the files ``write_artifacts`` writes, the model folder."""
-    with mlflow.start_run(run_name=run_name) as run:
+    """Log one evaluation as a run: metrics, the files ``write_artifacts`` writes, the model folder.
+    ``started_at`` (epoch seconds, with ``experiment_id``): when the evaluation began, so the run's
+    duration spans the evaluation rather than the logging."""
+    run_id = None
+    if started_at is not None and experiment_id is not None:
+        run_id = MlflowClient().create_run(experiment_id, run_name=run_name, start_time=int(started_at * 1000)).info.run_id
+    with mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name) as run:
         mlflow.log_params({k: str(v)[:500] for k, v in (params or {}).items()})
         mlflow.set_tags({"data_version": data_version or "unversioned", **(tags or {})})
         mlflow.log_metrics(metrics)
@@ -165,6 +180,25 @@ def check_gates(candidate: dict[str, float], incumbent: dict[str, float] | None,
     return failures
 
 
+def gates_description(candidate: dict[str, float], incumbent: dict[str, float] | None, gates: Gates,
+                      decision: PromotionDecision) -> str:
+    """The registered version's description: each gate, its threshold and this version's value."""
+    score_key = decision.score_metric or score_key_for(candidate, gates)
+    speed_key = f"{gates.speed_decoder}.{gates.speed_metric}"
+
+    def value(metrics: dict[str, float] | None, key: str) -> str:
+        return "missing" if not metrics or key not in metrics else f"{metrics[key]:.2f}"
+
+    lines = [f"{'PROMOTED to' if decision.passed else 'NOT promoted to'} {CHAMPION_ALIAS} "
+             f"(previous holder: {decision.previous_champion or 'none'}).",
+             f"- {score_key} = {value(candidate, score_key)} >= floor {gates.min_overall:.2f}"]
+    if incumbent is not None:
+        lines.append(f"- {score_key} >= champion's {value(incumbent, score_key)} - {gates.max_score_drop}")
+    lines.append(f"- {speed_key} = {value(candidate, speed_key)} >= {gates.min_speedup:.2f}")
+    lines += [f"- failed: {reason}" for reason in decision.reasons]
+    return "\n".join(lines)
+
+
 def promote_if_passing(name: str, version: str, gates: Gates, alias: str = CHAMPION_ALIAS) -> PromotionDecision:
     """Move ``alias`` to ``version`` only if it passes ``gates`` against the current holder."""
     current = champion(name, alias)
@@ -180,6 +214,7 @@ def promote_if_passing(name: str, version: str, gates: Gates, alias: str = CHAMP
     client = MlflowClient()
     client.set_model_version_tag(name, version, "gates", json.dumps({"passed": decision.passed, "score_metric_used": decision.score_metric,
                                                                  "reasons": reasons, **asdict(gates)}))
+    client.update_model_version(name, version, description=gates_description(metrics, incumbent, gates, decision))
     if decision.passed:
         client.set_registered_model_alias(name, alias, version)
     return decision

@@ -267,8 +267,13 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
     run_id = logger.start(config.name, {"stage": config.name, "data_version": config.data.version or "unversioned",
                                         "data.pages_sha256": fingerprints["dataset"]["pages_sha256"]},
                           resume=found is not None)
+    statistics = data.token_statistics()
     logger.log_params({**config.flat(), "world_size": world_size, "zero_stage": zero_stage, "init_model": str(source),
-                       **{f"data_stats.{k}": v for k, v in data.token_statistics().items()}})
+                       **{f"data_stats.{k}": v for k, v in statistics.items()}})
+    if rank == 0 and statistics["truncated"]:
+        print(f"[train {config.name}] {statistics['truncated']} of {statistics['n_examples']} targets are longer than "
+              f"data.max_tokens={config.data.max_tokens} and are cut (their ends are never learned); real pages need "
+              "~2,000 tokens: raise data.max_tokens within the model's positions, or read pages as elements", flush=True)
     if rank == 0:
         logger.log_file(output_dir / "deepspeed_resolved.json")
     init_seconds = time.time() - started

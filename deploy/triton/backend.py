@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from components.data.pages import InvalidPageError, load_image
+from components.data.pages import InvalidPageError
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import CommitEvent, DecodeParams, DecodeStats
 from deploy.triton import protocol
@@ -136,7 +136,7 @@ class TritonPythonModel:
         except ValueError as exc:
             raise protocol.RequestError(str(exc)) from exc
         image_bytes = protocol.image_bytes_from_input(inputs[protocol.IMAGE_INPUT])
-        return params, load_image(image_bytes), image_bytes
+        return params, protocol.load_page_input(image_bytes), image_bytes
 
     def _record_decoding(self, decoder: str, stats: DecodeStats | protocol.StreamAccounting) -> None:
         """Acceleration metrics of one page (engine stats, or a stream's accounting of them)."""

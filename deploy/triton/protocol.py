@@ -124,7 +124,12 @@ def image_bytes_from_input(array: np.ndarray | None) -> bytes:
 
 def image_from_input(array: np.ndarray | None) -> Image.Image:
     """Decode the ``IMAGE`` input; corrupt or empty pages raise ``InvalidPageError`` with the reason."""
-    return load_image(image_bytes_from_input(array))
+    return load_page_input(image_bytes_from_input(array))
+
+
+def load_page_input(data: bytes) -> Image.Image:
+    """The page of an ``IMAGE`` input; errors name the input and its size."""
+    return load_image(data, what=f"input {IMAGE_INPUT} ({len(data):,} bytes)")
 
 
 def batch_groups(params: Sequence[DecodeParams | None], max_pages: int) -> list[list[int]]:
