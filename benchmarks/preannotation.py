@@ -321,7 +321,18 @@ def summarize(rows: list[dict]) -> dict:
         # How well the page confidence ranks pages for the annotator queue (lowest first): the
         # rank correlation with the body text edit distance (-1 = perfect ranking, 0 = none).
         "spearman_confidence_vs_edit": confidence_ranking(rows),
+        # Of the pages read badly (body text edit > 0.05), how many are among that many least
+        # confident pages: what a budget queue of that size would catch.
+        "bad_pages_in_least_confident": bad_pages_caught(rows),
     }
+
+
+def bad_pages_caught(rows: list[dict], bad_edit: float = 0.05) -> str | None:
+    bad = {r["page"] for r in rows if r["body_text_edit"] > bad_edit}
+    if not bad or any(r.get("confidence") is None for r in rows):
+        return None
+    least = sorted(rows, key=lambda r: r["confidence"])[: len(bad)]
+    return f"{sum(r['page'] in bad for r in least)}/{len(bad)}"
 
 
 def confidence_ranking(rows: list[dict]) -> float | None:

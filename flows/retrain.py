@@ -75,6 +75,7 @@ def where_things_are(summary: dict) -> str:
         f"            model {evaluation['model_name']} v{evaluation['version']}: "
         + ("alias 'champion'" if evaluation["promoted"] else f"not promoted ({'; '.join(evaluation['gate_failures'])})")
         + f"; gated on {evaluation.get('gate_metric')}",
+        *baseline_lines(evaluation),
         "            browse: ./run services start mlflow  ->  http://127.0.0.1:5000",
         _data_line(summary["train"].get("data_version")),
     ]
@@ -99,6 +100,14 @@ def where_things_are(summary: dict) -> str:
         lines.append(f"Prefect     {summary['prefect_ui']}  (flow runs of this life cycle)")
     lines += ["Stop services: ./run services stop --all", "=" * 78]
     return "\n".join(lines)
+
+
+def baseline_lines(evaluation: dict) -> list[str]:
+    """The challenger beside what it was compared with on the same pages, in this run."""
+    if not evaluation.get("baseline") or evaluation.get("baseline_score") is None or evaluation.get("score") is None:
+        return []
+    return [f"            {evaluation['score']:.2f} here vs {evaluation['baseline_score']:.2f} for "
+            f"{evaluation['baseline']} on the same pages"]
 
 
 def _data_line(version: dict | None) -> str:

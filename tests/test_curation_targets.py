@@ -93,3 +93,21 @@ def test_a_handful_of_pdfs_still_gives_every_split_a_document(tmp_path):
     import_pdfs(tmp_path / "pdfs", tmp_path / "pages", dpi=36)
     make_splits(store, {"train": 0.9, "val": 0.05, "test": 0.05})
     assert all(store.get(page_id).meta["split"] == split for page_id, split in before.items())  # nothing moves
+
+
+def test_every_preannotated_uncorrected_page_is_a_queue_candidate_on_every_run(tmp_path):
+    """Raising the threshold later must reach pages pre-annotated by earlier runs."""
+    from components.curation.workflow import preannotated_candidates
+
+    write_pdf(tmp_path / "doc.pdf", synthetic_pages(range(3)))
+    import_pdfs(tmp_path / "doc.pdf", tmp_path / "pages", dpi=36)
+    store = PageDataset(tmp_path / "pages")
+    first, second, third = store.pages()
+    corrected = _preannotated(third, "Text.")
+    corrected.meta["correction"] = {"annotator": 1}
+    store.upsert([_preannotated(first, "Earlier run."), corrected])
+    assert [p.page_id for p in preannotated_candidates(store)] == [first.page_id]
+    store.upsert([_preannotated(second, "This run.")])
+    candidates = preannotated_candidates(store)
+    assert sorted(p.page_id for p in candidates) == sorted([first.page_id, second.page_id])
+    assert {p.markup for p in candidates} == {"Earlier run.", "This run."} and {p.confidence for p in candidates} == {0.97}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -140,3 +141,30 @@ def test_pages_without_ground_truth_are_refused_with_a_count_not_scored_as_empty
     assert report.decoders["ar"].scores["truncated_pages"] == 2.0  # 24 tokens never reach <eos> on these pages
     with pytest.raises(NoGroundTruthError, match="none of the 1 pages"):
         evaluate_decoders(engine, dataset, DECODERS[:1], pages=[imported])
+
+
+def test_challenger_is_gated_against_the_baseline_scored_on_its_own_pages(report, tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    registry.configure(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="test-baseline")
+    gates = registry.Gates(max_score_drop=1.0, min_speedup=0.0)
+    version = registry.register_version(log_report(report, tiny_model_dir), name="tiny-baseline")
+    score = report.decoders["ar"].overall
+    better = {"ar.overall": score + 1.5, "ar.overall_terms": 3.0}  # the starting checkpoint, same pages
+    decision = registry.promote_if_passing("tiny-baseline", version, gates, baseline=better, baseline_label="starting checkpoint")
+    assert not decision.passed and decision.baseline == "starting checkpoint"
+    [reason] = decision.reasons
+    assert "below starting checkpoint (same pages, this run)" in reason
+    description = mlflow.MlflowClient().get_model_version("tiny-baseline", version).description
+    assert description.startswith("NOT promoted") and "(starting checkpoint)" in description
+    close = {"ar.overall": score + 0.5, "ar.overall_terms": 3.0}  # within the allowed drop
+    assert registry.promote_if_passing("tiny-baseline", version, gates, baseline=close, baseline_label="x").passed
+
+
+def test_the_starting_checkpoint_is_what_stage_one_continues():
+    from components.pipeline import load_pipeline_config
+    from components.training.stages import starting_checkpoint
+
+    cfg = load_pipeline_config("configs/pipeline/demo.yaml")
+    assert starting_checkpoint(cfg).resolve() == (Path("models/pretrained/docmarkup-base")).resolve()
+    mine = load_pipeline_config("configs/pipeline/demo.yaml", {"training.base_model": "tests/fixtures"})
+    assert starting_checkpoint(mine).resolve() == Path("tests/fixtures").resolve()

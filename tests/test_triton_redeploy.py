@@ -26,7 +26,7 @@ from deploy.triton.repository import materialize_repository
 from deploy.triton.server import TritonPorts, start_triton
 from deploy.workflow import served_model
 from models.loading import save_markup_model
-from tests.test_triton_server import chaotic_model, png
+from tests.test_triton_server import chaotic_model, png, register_folder, throwaway_registry
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -35,20 +35,12 @@ NAMES = ("redeploy-model-a", "redeploy-model-b")
 
 @pytest.fixture(scope="module")
 def two_registered_models(tokenizer, tmp_path_factory):
-    from mlflow import MlflowClient
-
     root = tmp_path_factory.mktemp("redeploy")
-    tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
-    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-    experiment = client.create_experiment("redeploy", artifact_location=(root / "artifacts").as_uri())
+    client, experiment, tracking_uri = throwaway_registry(root, "redeploy")
     for seed, name in enumerate(NAMES, start=1):
-        folder = save_markup_model(chaotic_model(tokenizer, seed), tokenizer, root / name)
-        run = client.create_run(experiment)
-        client.log_artifacts(run.info.run_id, str(folder), artifact_path="model")
-        client.set_terminated(run.info.run_id)
         client.create_registered_model(name)
-        version = client.create_model_version(name, source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
-        client.set_registered_model_alias(name, "champion", version.version)
+        folder = save_markup_model(chaotic_model(tokenizer, seed), tokenizer, root / name)
+        client.set_registered_model_alias(name, "champion", register_folder(client, experiment, name, folder))
     return {"tracking_uri": tracking_uri, "root": root}
 
 

@@ -57,24 +57,34 @@ def metric_delta(before, after, name: str, **labels: str) -> float:
     return (sample_value(after, name, **labels) or 0.0) - (sample_value(before, name, **labels) or 0.0)
 
 
+def throwaway_registry(root, experiment_name: str):
+    """(client, experiment id, tracking URI) of a new SQLite MLflow store under ``root``; the client is
+    bound to that store, so no global MLflow state changes."""
+    from mlflow import MlflowClient
+
+    tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    return client, client.create_experiment(experiment_name, artifact_location=(root / "artifacts").as_uri()), tracking_uri
+
+
+def register_folder(client, experiment_id: str, name: str, folder) -> str:
+    """Log ``folder`` as a run's ``model`` artifact and register it as a new version of ``name``."""
+    run = client.create_run(experiment_id)
+    client.log_artifacts(run.info.run_id, str(folder), artifact_path="model")
+    client.set_terminated(run.info.run_id)
+    return str(client.create_model_version(name, source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id).version)
+
+
 @pytest.fixture(scope="module")
 def registry(tokenizer, tmp_path_factory):
     """Two registered versions with different weights; ``champion`` points at version 2."""
-    from mlflow import MlflowClient  # a client bound to this store: no global MLflow state changes
-
     root = tmp_path_factory.mktemp("mlflow")
-    tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
-    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-    experiment = client.create_experiment("triton-test", artifact_location=(root / "artifacts").as_uri())
+    client, experiment, tracking_uri = throwaway_registry(root, "triton-test")
     client.create_registered_model(REGISTERED_NAME)
     folders = {}
     for seed in (1, 2):
         folder = save_markup_model(chaotic_model(tokenizer, seed), tokenizer, root / f"model-{seed}")
-        run = client.create_run(experiment)
-        client.log_artifacts(run.info.run_id, str(folder), artifact_path="model")
-        client.set_terminated(run.info.run_id)
-        version = client.create_model_version(REGISTERED_NAME, source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
-        folders[str(version.version)] = folder
+        folders[register_folder(client, experiment, REGISTERED_NAME, folder)] = folder
     client.set_registered_model_alias(REGISTERED_NAME, "champion", "2")
     return {"tracking_uri": tracking_uri, "folders": folders, "root": root}
 
@@ -210,8 +220,11 @@ def test_corrupt_image_gets_a_clear_error_and_the_server_keeps_serving(triton, c
     with pytest.raises(TranscriptionError, match="not a readable image") as unary_error:
         client.transcribe(b"\x89PNG\r\n\x1a\n this is not a page")
     assert unary_error.value.status == "400"
-    with pytest.raises(TranscriptionError, match="not a readable image"), client.stream_transcribe(b"") as stream:
+    assert "object at 0x" not in str(unary_error.value) and str(unary_error.value).startswith("input IMAGE (")
+    with pytest.raises(TranscriptionError, match="not a readable image") as stream_error, \
+            client.stream_transcribe(b"") as stream:
         list(stream)
+    assert stream_error.value.status == "400"  # the stream carries the status too, not None
     with pytest.raises(TranscriptionError, match="DECODER must be one of"):
         client.transcribe(page, decoder="beam")
     assert triton.ready()

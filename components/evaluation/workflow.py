@@ -92,16 +92,49 @@ def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version:
     with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(run_id=run_id):
         reference = save_reference(report.decoders["ar"].pages, Path(tmp) / "drift_reference.json")
         mlflow.log_artifact(str(reference), artifact_path="evaluation")
-    version = registry.register_version(run_id, cfg.evaluation.model_name, description=f"evaluated on {report.n_pages} pages")
     gates = registry.Gates(**cfg.evaluation.gates.model_dump())
-    decision = registry.promote_if_passing(cfg.evaluation.model_name, version, gates)
+    baseline_label, baseline = baseline_metrics(cfg, report, gates.score_decoder)
+    if baseline is not None:  # both scores side by side on the challenger's run
+        with mlflow.start_run(run_id=run_id):
+            mlflow.log_metrics({f"baseline.{key}": value for key, value in baseline.items()})
+            mlflow.set_tag("baseline", baseline_label)
+    version = registry.register_version(run_id, cfg.evaluation.model_name, description=f"evaluated on {report.n_pages} pages")
+    decision = registry.promote_if_passing(cfg.evaluation.model_name, version, gates, baseline=baseline,
+                                           baseline_label=baseline_label)
     return {
         "run_id": run_id, "model_name": cfg.evaluation.model_name, "version": version, "promoted": decision.passed,
         "gate_failures": decision.reasons, "previous_champion": decision.previous_champion,
         "gate_metric": decision.score_metric, "refused_no_truth": report.refused_no_truth,
+        "baseline": baseline_label, "baseline_score": (baseline or {}).get(decision.score_metric or ""),
+        "score": report.flat_metrics().get(decision.score_metric or ""),
         "table": report.table(), "ratios": report.ratios(), "tracking_uri": mlflow.get_tracking_uri(),
         "sample": sample_page(report, PageDataset(cfg.evaluation_dir)),
     }
+
+
+def baseline_metrics(cfg: PipelineConfig, report: EvaluationReport, decoder: str) -> tuple[str | None, dict | None]:
+    """The incumbent scored now, on the challenger's own pages with the same decoder settings: the
+    champion, or on a first run the checkpoint training started from. (None, None) when there is
+    neither (a model trained from scratch with no champion yet)."""
+    from components.training.stages import starting_checkpoint
+
+    holder = registry.champion(cfg.evaluation.model_name)
+    if holder is not None:
+        label = f"champion v{holder.version}"
+        folder = registry.download_model(f"models:/{cfg.evaluation.model_name}/{holder.version}")
+    else:
+        folder = starting_checkpoint(cfg)
+        if folder is None:
+            return None, None
+        label = f"starting checkpoint {folder}"
+    dataset = PageDataset(cfg.evaluation_dir)
+    page_ids = [row["page_id"] for row in report.decoders[decoder].pages]
+    params = [p for p in decoder_params(cfg) if p.decoder == decoder]
+    baseline = evaluate_decoders(DecodingEngine.from_pretrained(folder), dataset, params,
+                                 pages=list(dataset.iter_pages(page_ids=page_ids)))
+    print(f"[evaluate] baseline {label}: {decoder} Overall {baseline.decoders[decoder].overall:.2f} on the same "
+          f"{baseline.n_pages} pages", flush=True)
+    return label, {key: value for key, value in baseline.flat_metrics().items() if key.startswith(f"{decoder}.")}
 
 
 def drift_reference_of(model_name: str, alias: str = registry.CHAMPION_ALIAS) -> Path:

@@ -105,6 +105,7 @@ class PromotionDecision:
     reasons: list[str] = field(default_factory=list)
     previous_champion: str | None = None
     score_metric: str | None = None  # the metric the score gates read (named in every report)
+    baseline: str | None = None  # what the challenger was compared with on its own pages, if anything
 
 
 def log_evaluation(
@@ -158,7 +159,8 @@ def version_metrics(name: str, version: str) -> dict[str, float]:
     return dict(client.get_run(model_version.run_id).data.metrics)
 
 
-def check_gates(candidate: dict[str, float], incumbent: dict[str, float] | None, gates: Gates) -> list[str]:
+def check_gates(candidate: dict[str, float], incumbent: dict[str, float] | None, gates: Gates,
+                incumbent_label: str = "the champion's") -> list[str]:
     """Reasons the candidate fails (empty list = passes). Pure, so it is tested without MLflow."""
     failures = []
     score_key = score_key_for(candidate, gates)
@@ -171,7 +173,7 @@ def check_gates(candidate: dict[str, float], incumbent: dict[str, float] | None,
     if incumbent is not None and score is not None and score_key in incumbent:
         floor = incumbent[score_key] - gates.max_score_drop
         if score < floor:
-            failures.append(f"{score_key}={score:.2f} is below the champion's {incumbent[score_key]:.2f} - {gates.max_score_drop}")
+            failures.append(f"{score_key}={score:.2f} is below {incumbent_label} {incumbent[score_key]:.2f} - {gates.max_score_drop}")
     speed = candidate.get(speed_key)
     if speed is None:
         failures.append(f"candidate has no {speed_key} metric")
@@ -193,23 +195,35 @@ def gates_description(candidate: dict[str, float], incumbent: dict[str, float] |
              f"(previous holder: {decision.previous_champion or 'none'}).",
              f"- {score_key} = {value(candidate, score_key)} >= floor {gates.min_overall:.2f}"]
     if incumbent is not None:
-        lines.append(f"- {score_key} >= champion's {value(incumbent, score_key)} - {gates.max_score_drop}")
+        against = decision.baseline or "the champion's stored score"
+        lines.append(f"- {score_key} >= {value(incumbent, score_key)} ({against}) - {gates.max_score_drop}")
     lines.append(f"- {speed_key} = {value(candidate, speed_key)} >= {gates.min_speedup:.2f}")
     lines += [f"- failed: {reason}" for reason in decision.reasons]
     return "\n".join(lines)
 
 
-def promote_if_passing(name: str, version: str, gates: Gates, alias: str = CHAMPION_ALIAS) -> PromotionDecision:
-    """Move ``alias`` to ``version`` only if it passes ``gates`` against the current holder."""
+def promote_if_passing(name: str, version: str, gates: Gates, alias: str = CHAMPION_ALIAS,
+                       baseline: dict[str, float] | None = None, baseline_label: str | None = None) -> PromotionDecision:
+    """Move ``alias`` to ``version`` only if it passes ``gates`` against the current holder.
+
+    ``baseline``: the incumbent's metrics measured in this run on the challenger's own pages with
+    the same decoders (or, on a first run, those of the checkpoint training started from). When
+    given it is what the challenger must not fall below; otherwise the holder's stored metrics,
+    measured on whatever pages its own run had, are used.
+    """
     current = champion(name, alias)
     incumbent = None
-    if current is not None and str(current.version) != str(version):
+    if baseline is not None:
+        incumbent = baseline
+    elif current is not None and str(current.version) != str(version):
         incumbent = version_metrics(name, str(current.version))
     metrics = version_metrics(name, version)
-    reasons = check_gates(metrics, incumbent, gates)
+    label = f"{baseline_label} (same pages, this run)" if baseline is not None and baseline_label else "the champion's"
+    reasons = check_gates(metrics, incumbent, gates, incumbent_label=label)
     decision = PromotionDecision(
         passed=not reasons, version=str(version), reasons=reasons,
         previous_champion=None if current is None else str(current.version), score_metric=score_key_for(metrics, gates),
+        baseline=baseline_label,
     )
     client = MlflowClient()
     client.set_model_version_tag(name, version, "gates", json.dumps({"passed": decision.passed, "score_metric_used": decision.score_metric,

@@ -65,6 +65,17 @@ def validate_stages(cfg: PipelineConfig) -> None:
         load_train_config(_resolve(cfg.training.stages[stage].config), overrides, check_paths=False)
 
 
+def starting_checkpoint(cfg: PipelineConfig) -> Path | None:
+    """The model folder Stage 1 continues (``training.base_model`` or the stage's ``model.init_from``),
+    or None when it trains from scratch: what a first challenger is compared with."""
+    from components.training.config import load_train_config
+
+    first = next(iter(cfg.training.stages))
+    overrides = stage_overrides(cfg, first, cfg.split_dir("train"), None, None, None)
+    config = load_train_config(_resolve(cfg.training.stages[first].config), overrides, check_paths=False)
+    return config.path(config.model.init_from) if config.model.init_from else None
+
+
 def launch_command(cfg: PipelineConfig, config_path: Path, overrides: dict[str, Any]) -> list[str]:
     sets = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={_yaml_value(value)}")]
     module = ["-m", "components.training.launch", "--config", str(config_path), *sets]

@@ -47,7 +47,11 @@ def request_input(request, name: str) -> np.ndarray | None:
 
 
 def _error(message: str, code: int | None = None) -> pb_utils.TritonError:
-    return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    """An error response; its status travels in the message too (the gRPC stream drops the code).
+    (``pb_utils.TritonError`` exists only once the stub runs, so the codes are read here.)"""
+    status = {pb_utils.TritonError.INVALID_ARG: 400, pb_utils.TritonError.CANCELLED: 499}.get(code, 500)
+    text = protocol.with_status(message, status)
+    return pb_utils.TritonError(text) if code is None else pb_utils.TritonError(text, code)
 
 
 class TritonPythonModel:

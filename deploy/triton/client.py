@@ -108,8 +108,10 @@ def _inputs(module, values: dict[str, np.ndarray]) -> list:
 
 
 def _raise_for(exc: InferenceServerException, where: str) -> None:
-    message = exc.message() or str(exc)
-    status = exc.status()
+    """One typed error for every path: the server's message, and its status (HTTP-style: "400"
+    for a bad request, "499" cancelled, "500" failed) whether it came over HTTP, gRPC or a stream."""
+    sent_status, message = protocol.split_status(exc.message() or str(exc))
+    status = sent_status or exc.status()
     lowered = message.lower()
     if "connection refused" in lowered or "failed to connect" in lowered or status in ("StatusCode.UNAVAILABLE",):
         raise TritonUnavailableError(f"Triton at {where} is unreachable: {message}") from exc

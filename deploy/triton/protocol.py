@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,10 @@ from components.data.pages import load_image
 from components.decoding.types import DECODERS, CommitEvent, DecodeParams, DecodeResult
 
 IMAGE_INPUT = "IMAGE"
+# Errors carry an HTTP-style status in front of the message ("[400] input IMAGE ... is not a readable
+# image"): Triton's gRPC stream delivers a decoupled model's error as text only, without its code,
+# so the client reads the status back from the message on every path (HTTP, gRPC, stream).
+_STATUS_PREFIX = re.compile(r"^\[(?P<status>\d{3})\] ")
 # Triton input name -> (DecodeParams field, Python type).
 PARAMETER_INPUTS: dict[str, tuple[str, type]] = {
     "DECODER": ("decoder", str),
@@ -107,6 +112,17 @@ def requested_decoder(array: np.ndarray | None, default: str) -> str:
     except (RequestError, ValueError, TypeError):
         return "unknown"
     return name if name in DECODERS else "unknown"
+
+
+def with_status(message: str, status: int) -> str:
+    """``message`` as the backend sends it, its status in front."""
+    return f"[{status}] {message}"
+
+
+def split_status(message: str) -> tuple[str | None, str]:
+    """(status, message) of an error text the backend sent; (None, text) for any other error."""
+    match = _STATUS_PREFIX.match(message)
+    return (match["status"], message[match.end():]) if match else (None, message)
 
 
 def image_bytes_from_input(array: np.ndarray | None) -> bytes:
