@@ -8,7 +8,7 @@ before any flow starts work, with the offending key named.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -126,7 +126,9 @@ class EvaluationSection(_Strict):
     split: Literal["val", "test"] = "test"
     pages_dir: str | None = None  # any page folder (pages.jsonl + images) to evaluate on instead of the split
     max_pages: int | None = Field(24, ge=1)
-    max_new_tokens: int = Field(256, ge=8)
+    # Tokens each page may emit; "auto": from the test pages' own targets (the longest, +10 %), capped by
+    # what the model's positions leave after its image prefix (pages longer than that are reported).
+    max_new_tokens: Annotated[int, Field(ge=8)] | Literal["auto"] = 256
     decoders: list[Literal["ar", "sdb", "block", "ppc"]] = Field(default_factory=lambda: ["ar", "sdb", "block", "ppc"])
     threshold: float = 0.95
     window: int = 16

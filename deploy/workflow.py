@@ -25,6 +25,13 @@ from monitoring.request_log import DEFAULT_LOG_DIR
 SERVICE_NAME = DEFAULT_SERVICE_NAME
 
 
+def serving_budget(cfg: PipelineConfig) -> int | None:
+    """Tokens the smoke test and replayed traffic ask for: the evaluation's, or (``auto``) the
+    server's own limit, which the engine caps at the model's positions."""
+    budget = cfg.evaluation.max_new_tokens
+    return None if budget == "auto" else budget
+
+
 def model_uri(cfg: PipelineConfig) -> str:
     return cfg.deploy.model_uri or f"models:/{cfg.evaluation.model_name}@champion"
 
@@ -117,8 +124,8 @@ def smoke_test(cfg: PipelineConfig, server: TritonServer) -> dict:
     for page in pages:
         buffer = io.BytesIO()
         dataset.load_image(page).save(buffer, format="PNG")
-        unary = client.transcribe(buffer.getvalue(), decoder="sdb", max_new_tokens=cfg.evaluation.max_new_tokens)
-        with client.stream_transcribe(buffer.getvalue(), decoder="ar", max_new_tokens=cfg.evaluation.max_new_tokens) as stream:
+        unary = client.transcribe(buffer.getvalue(), decoder="sdb", max_new_tokens=serving_budget(cfg))
+        with client.stream_transcribe(buffer.getvalue(), decoder="ar", max_new_tokens=serving_budget(cfg)) as stream:
             streamed = "".join(chunk.text for chunk in stream)
         agreed += unary.text == streamed
         latencies.append(unary.stats["latency_s"])
@@ -141,6 +148,6 @@ def replay_pages(cfg: PipelineConfig, split: str = "test", limit: int | None = N
     for page in dataset.iter_pages(page_ids=dataset.ids(limit=limit)):
         buffer = io.BytesIO()
         dataset.load_image(page).save(buffer, format="PNG")
-        client.transcribe(buffer.getvalue(), decoder="sdb", max_new_tokens=cfg.evaluation.max_new_tokens)
+        client.transcribe(buffer.getvalue(), decoder="sdb", max_new_tokens=serving_budget(cfg))
         sent += 1
     return sent

@@ -168,3 +168,21 @@ def test_the_starting_checkpoint_is_what_stage_one_continues():
     assert starting_checkpoint(cfg).resolve() == (Path("models/pretrained/docmarkup-base")).resolve()
     mine = load_pipeline_config("configs/pipeline/demo.yaml", {"training.base_model": "tests/fixtures"})
     assert starting_checkpoint(mine).resolve() == Path("tests/fixtures").resolve()
+
+
+def test_auto_token_budget_comes_from_the_targets_and_the_models_positions(tiny_model_dir, dataset):
+    from dataclasses import replace
+
+    from components.evaluation.evaluate import token_budget
+
+    engine = DecodingEngine.from_pretrained(tiny_model_dir)
+    pages = dataset.pages()
+    budget = token_budget(engine, pages)
+    lengths = [len(engine.tokenizer(p.markup, add_special_tokens=False)["input_ids"]) + 1 for p in pages]
+    assert budget.longest_target == max(lengths) and budget.too_long == 0
+    assert max(lengths) * 1.1 <= budget.max_new_tokens < max(lengths) * 1.1 + 32 and budget.max_new_tokens % 32 == 0
+    assert budget.room == engine.max_positions - engine.model.num_prefix_tokens - 1
+    long_page = replace(pages[0], markup_override=" ".join(["analysis of the layer output"] * 2000))
+    capped = token_budget(engine, [*pages, long_page])
+    assert capped.max_new_tokens == capped.room and capped.too_long == 1
+    assert "1 pages are longer than the model can emit" in capped.describe()

@@ -9,6 +9,7 @@ Used by the benchmark script, the evaluation flow and the registry's promotion g
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -137,6 +138,34 @@ def _same_output_fraction(ev: DecoderEvaluation, base: DecoderEvaluation) -> flo
 
 class NotHeldOutError(ValueError):
     """An evaluation set holding pages the model was trained on."""
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    """How many tokens evaluation lets each page emit, from the pages' own targets and the model."""
+
+    max_new_tokens: int
+    longest_target: int  # tokens of the longest target (markup + <eos>)
+    room: int  # tokens the model's positions leave after its image prefix
+    too_long: int  # pages whose target the model cannot emit whole
+
+    def describe(self) -> str:
+        text = (f"max_new_tokens {self.max_new_tokens} (longest target {self.longest_target} tokens, "
+                f"the model can emit {self.room})")
+        return text + (f"; {self.too_long} pages are longer than the model can emit" if self.too_long else "")
+
+
+def token_budget(engine: DecodingEngine, pages: Sequence[Page], margin: float = 1.1, multiple: int = 32) -> TokenBudget:
+    """The longest target among ``pages`` plus ``margin``, rounded up to ``multiple``, within the room
+    the model's positions leave (a page longer than that is counted, never silently cut)."""
+    if not pages:
+        raise ValueError("no pages to size a token budget on")
+    lengths = [len(engine.tokenizer(page.markup, add_special_tokens=False)["input_ids"]) + 1 for page in pages]
+    prefix = int(getattr(engine.model, "num_prefix_tokens", 0) or 0)
+    room = engine.max_positions - prefix - 1
+    wanted = math.ceil(max(lengths) * margin / multiple) * multiple
+    return TokenBudget(max_new_tokens=max(1, min(room, wanted)), longest_target=max(lengths), room=room,
+                       too_long=sum(length > room for length in lengths))
 
 
 class NoGroundTruthError(ValueError):

@@ -17,6 +17,7 @@ from components.evaluation.evaluate import (
     evaluate_decoders,
     merge_reports,
     plot_score_vs_speed,
+    token_budget,
     write_category_tables,
 )
 from components.pipeline import PipelineConfig
@@ -38,12 +39,14 @@ def log_report(report: EvaluationReport, model_dir: str | Path, **run_info) -> s
     return registry.log_evaluation(report.flat_metrics(), model_dir, write_artifacts=write, **run_info)
 
 
-def decoder_params(cfg: PipelineConfig) -> list[DecodeParams]:
+def decoder_params(cfg: PipelineConfig, max_new_tokens: int | None = None) -> list[DecodeParams]:
+    """The configured decoders; ``max_new_tokens`` is the resolved budget when the config says "auto"."""
     section = cfg.evaluation
-    return [
-        DecodeParams(decoder=name, max_new_tokens=section.max_new_tokens, threshold=section.threshold, window=section.window)
-        for name in section.decoders
-    ]
+    budget = section.max_new_tokens if max_new_tokens is None else max_new_tokens
+    if budget == "auto":
+        raise ValueError("evaluation.max_new_tokens is 'auto': resolve it with evaluation_units first")
+    return [DecodeParams(decoder=name, max_new_tokens=budget, threshold=section.threshold, window=section.window)
+            for name in section.decoders]
 
 
 def evaluation_units(cfg: PipelineConfig, model_dir: Path) -> list[dict]:
@@ -51,14 +54,21 @@ def evaluation_units(cfg: PipelineConfig, model_dir: Path) -> list[dict]:
     known to hold no page the model was trained on."""
     dataset = PageDataset(cfg.evaluation_dir)
     assert_held_out(model_dir, dataset)
-    return dataset.shard_units(cfg.evaluation.max_pages)
+    units = dataset.shard_units(cfg.evaluation.max_pages)
+    if cfg.evaluation.max_new_tokens == "auto":  # one budget for every shard, so their reports merge
+        pages = [page for unit in units for page in dataset.unit_pages(unit) if page.markup.strip()]
+        budget = token_budget(DecodingEngine.from_pretrained(model_dir), pages)
+        print(f"[evaluate] token budget: {budget.describe()}", flush=True)
+        units = [{**unit, "max_new_tokens": budget.max_new_tokens} for unit in units]
+    return units
 
 
 def evaluate_shard(cfg: PipelineConfig, model_dir: Path, unit: dict) -> EvaluationReport:
     """Every configured decoder on the pages of one store shard."""
     dataset = PageDataset(cfg.evaluation_dir)
     pages = dataset.unit_pages(unit)
-    return evaluate_decoders(DecodingEngine.from_pretrained(model_dir), dataset, decoder_params(cfg), pages=pages)
+    return evaluate_decoders(DecodingEngine.from_pretrained(model_dir), dataset,
+                             decoder_params(cfg, unit.get("max_new_tokens")), pages=pages)
 
 
 def evaluate_model(cfg: PipelineConfig, model_dir: Path, reports: list[EvaluationReport] | None = None) -> EvaluationReport:
@@ -83,7 +93,8 @@ def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version:
     report = evaluate_model(cfg, model_dir, reports)
     params = {"model_dir": str(model_dir), "split": cfg.evaluation.pages_dir or cfg.evaluation.split, "n_pages": report.n_pages,
               "refused_no_truth": report.refused_no_truth,
-              **{f"decoder.{p.decoder}": p for p in decoder_params(cfg)}, **{f"train.{k}": v for k, v in (training or {}).items()}}
+              **{f"decoder.{name}": ev.params for name, ev in report.decoders.items()},
+              **{f"train.{k}": v for k, v in (training or {}).items()}}
     tags = {f"data.{k}": str(v) for k, v in (data_version or {}).items()}
     # The decoders ran before this step (in per-shard tasks): the run starts when they started.
     started_at = time.time() - sum(ev.wall_seconds for ev in report.decoders.values())
@@ -129,7 +140,7 @@ def baseline_metrics(cfg: PipelineConfig, report: EvaluationReport, decoder: str
         label = f"starting checkpoint {folder}"
     dataset = PageDataset(cfg.evaluation_dir)
     page_ids = [row["page_id"] for row in report.decoders[decoder].pages]
-    params = [p for p in decoder_params(cfg) if p.decoder == decoder]
+    params = [DecodeParams(**report.decoders[decoder].params)]  # exactly the challenger's settings
     baseline = evaluate_decoders(DecodingEngine.from_pretrained(folder), dataset, params,
                                  pages=list(dataset.iter_pages(page_ids=page_ids)))
     print(f"[evaluate] baseline {label}: {decoder} Overall {baseline.decoders[decoder].overall:.2f} on the same "
