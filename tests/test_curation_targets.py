@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from components.curation.labelstudio import PagePrediction
 from components.curation.preannotate import PreAnnotation
 from components.curation.splits import make_splits
@@ -16,8 +18,8 @@ from components.data.pdf import import_pdfs
 from tests.test_pdf_loader import synthetic_pages, write_pdf
 
 
-def _preannotated(page: Page, markup: str, elements: list[LayoutElement] | None = None) -> Page:
-    record = PreAnnotation(markup, 0.97, "rapidocr-test", elements or []).to_json()
+def _preannotated(page: Page, markup: str, elements: list[LayoutElement] | None = None, confidence: float = 0.97) -> Page:
+    record = PreAnnotation(markup, confidence, "rapidocr-test", elements or []).to_json()
     return Page(page.page_id, page.image, page.width, page.height, [], page.source, {**page.meta, "preannotation": record})
 
 
@@ -111,3 +113,39 @@ def test_every_preannotated_uncorrected_page_is_a_queue_candidate_on_every_run(t
     candidates = preannotated_candidates(store)
     assert sorted(p.page_id for p in candidates) == sorted([first.page_id, second.page_id])
     assert {p.markup for p in candidates} == {"Earlier run.", "This run."} and {p.confidence for p in candidates} == {0.97}
+
+
+@pytest.mark.services
+def test_raising_the_threshold_later_queues_pages_pre_annotated_by_earlier_runs(label_studio, tmp_path):
+    """The real Label Studio: a confident pre-annotator queues nothing at 0.9; raising the threshold
+    (or switching to a budget) on a later run queues the pages annotated back then, least confident first."""
+    import uuid
+
+    from components.curation.labelstudio import connect, queued_page_ids
+    from components.curation.workflow import label_studio as project_of
+    from components.curation.workflow import preannotated_candidates, queue_for_annotation
+    from components.pipeline import load_pipeline_config
+
+    write_pdf(tmp_path / "doc.pdf", synthetic_pages(range(4)))
+    import_pdfs(tmp_path / "doc.pdf", tmp_path / "pages", dpi=36)
+    store = PageDataset(tmp_path / "pages")
+    confidences = (0.999, 0.97, 0.995, 0.98)
+    store.upsert([_preannotated(page, f"Text of page {i}.", confidence=c)
+                  for i, (page, c) in enumerate(zip(store.pages(), confidences, strict=True))])
+    section = {"curation.label_studio.url": label_studio.url, "curation.label_studio.api_key": label_studio.api_key,
+               "curation.label_studio.project": f"requeue-{uuid.uuid4().hex[:8]}", "curation.label_studio.view": "page"}
+    cfg = load_pipeline_config("configs/pipeline/demo.yaml", {**section, "curation.label_studio.queue_below_confidence": 0.9})
+    client = connect(label_studio.url, label_studio.api_key)
+    try:
+        assert queue_for_annotation(cfg, store, preannotated_candidates(store), "rapidocr-test")["queued"] == 0
+        raised = load_pipeline_config("configs/pipeline/demo.yaml", {**section, "curation.label_studio.queue_below_confidence": 0.99})
+        assert queue_for_annotation(raised, store, preannotated_candidates(store), "rapidocr-test")["queued"] == 2
+        budget = load_pipeline_config("configs/pipeline/demo.yaml", {**section, "curation.label_studio.queue_policy": "budget",
+                                                                      "curation.label_studio.max_tasks": 3})
+        result = queue_for_annotation(budget, store, preannotated_candidates(store), "rapidocr-test")
+        assert result["queued"] == 1 and result["already_queued"] == 2  # the budget counts tasks already there
+        queued = queued_page_ids(client, project_of(cfg).project_id)
+        pages = store.pages()
+        assert set(queued) == {pages[1].page_id, pages[3].page_id, pages[2].page_id}
+    finally:
+        client.projects.delete(id=project_of(cfg).project_id)

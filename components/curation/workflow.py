@@ -209,8 +209,11 @@ def queue_for_annotation(cfg: PipelineConfig, dataset: PageDataset, predictions:
     fresh = [p for p in predictions if p.page_id not in existing]
     chosen = choose_for_queue(fresh, policy=section.queue_policy, below=section.queue_below_confidence,
                               max_tasks=section.max_tasks, already_queued=len(existing))
-    result = queue_pages(handle.client, handle.project_id, dataset, chosen, model_version, view=handle.view)
-    return {"queued": len(result.queued), "already_queued": len(existing), "policy": section.queue_policy,
+    # Queued pages this model re-scored keep their task and get its prediction (as the policy admits them).
+    rescored = [p for p in predictions if p.page_id in existing
+                and (section.queue_policy == "budget" or p.confidence < section.queue_below_confidence)]
+    result = queue_pages(handle.client, handle.project_id, dataset, chosen + rescored, model_version, view=handle.view)
+    return {"queued": len(result.queued), "already_queued": len(result.already_queued), "policy": section.queue_policy,
             "candidates": len(predictions), "url": handle.url, "project_id": handle.project_id}
 
 
