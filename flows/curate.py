@@ -26,7 +26,7 @@ def curate_flow(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None =
     summary: dict[str, Any] = {"ingest": ingest(cfg)}
     units = workflow.preannotation_units(cfg)  # one per page-store shard
     summary["preannotation"] = preannotate_shard.map(unmapped(cfg), units).result()  # parallel
-    _, annotator_version = merge(cfg, summary["preannotation"])
+    annotator_version = merge(cfg, summary["preannotation"])
     if cfg.curation.label_studio.enabled:
         summary["corrections"] = corrections(cfg)
         pages = PageDataset(cfg.pages_dir)

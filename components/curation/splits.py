@@ -24,6 +24,7 @@ from pathlib import Path
 from components.curation.storage import write_subset
 from components.data.page_store import PageDataset
 from components.data.pages import Page, atomic_write_text
+from components.data.pdf import pdf_document_id
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def document_group(meta: dict, group_by: str | None = DEFAULT_GROUP_KEY) -> str 
     """The group key of a page from its ``meta``, or None when the page is its own group."""
     value = meta.get(group_by) if group_by else None
     if value is None and group_by == DEFAULT_GROUP_KEY and meta.get("pdf_sha256"):
-        value = f"pdf:{meta['pdf_sha256']}"  # pages imported before document ids were recorded
+        value = pdf_document_id(meta["pdf_sha256"])  # pages imported before document ids were recorded
     return f"{group_by}:{value}" if value is not None else None
 
 

@@ -16,7 +16,6 @@ from components.curation.preannotate.base import META_KEY, PreAnnotation
 from components.data.pages import Page
 
 TRUTH_KEY = "truth"  # page.meta key: where the page's target came from
-DROP_REASONS = ("not pre-annotated", "empty pre-annotation", "only page furniture")
 
 
 @dataclass

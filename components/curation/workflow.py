@@ -130,13 +130,13 @@ def _preannotation_progress(shard: str, total: int, model_version: str):
     return report
 
 
-def merge_preannotations(cfg: PipelineConfig, shard_reports: list[dict]) -> tuple[list[PagePrediction], str]:
-    """Fold every shard's pre-annotations into ``data/pages`` (one writer, one shard at a time) and
-    list them for the queue."""
+def merge_preannotations(cfg: PipelineConfig, shard_reports: list[dict]) -> str:
+    """Fold every shard's pre-annotations into ``data/pages`` (one writer, one shard at a time);
+    returns the pre-annotator's model version. The queue reads its candidates from the store
+    (:func:`preannotated_candidates`), so pages annotated by earlier runs count too."""
     section = cfg.curation.preannotation
     model_version = make_preannotator({"backend": section.backend, **section.options}).model_version
     dataset = PageDataset(cfg.pages_dir)
-    predictions = []
     for shard_report in shard_reports:
         out = PageDataset(shard_report["out"])
         if not out.exists():
@@ -153,9 +153,7 @@ def merge_preannotations(cfg: PipelineConfig, shard_reports: list[dict]) -> tupl
                 updated.append(page)
         if updated:
             dataset.upsert(updated)
-        predictions += [PagePrediction(pid, r["markup"], float(r["confidence"]), tuple(preannotation_elements(r)))
-                        for pid, r in found.items()]
-    return predictions, model_version
+    return model_version
 
 
 def preannotation_elements(record: dict) -> list:
@@ -189,12 +187,15 @@ def choose_for_queue(candidates: list[PagePrediction], *, policy: str, below: fl
     from every source (pre-annotation, hard examples, production) together — a confident
     pre-annotator (RapidOCR reports 0.97–0.99998 on real pages) still fills the annotators' queue.
     """
-    ranked = sorted(candidates, key=lambda p: (p.confidence, p.page_id))
-    if policy == "budget":
-        return ranked[: max(0, max_tasks - already_queued)]
-    if policy != "threshold":
+    ranked = sorted((p for p in candidates if admits(policy, below, p.confidence)), key=lambda p: (p.confidence, p.page_id))
+    return ranked[: max(0, max_tasks - already_queued)] if policy == "budget" else ranked[:max_tasks]
+
+
+def admits(policy: str, below: float, confidence: float) -> bool:
+    """Whether the queue policy takes a page of this confidence at all (a budget takes any)."""
+    if policy not in ("threshold", "budget"):
         raise ValueError(f"queue policy must be 'threshold' or 'budget', not {policy!r}")
-    return [p for p in ranked if p.confidence < below][:max_tasks]
+    return policy == "budget" or confidence < below
 
 
 def queue_for_annotation(cfg: PipelineConfig, dataset: PageDataset, predictions: list[PagePrediction], model_version: str) -> dict:
@@ -211,7 +212,7 @@ def queue_for_annotation(cfg: PipelineConfig, dataset: PageDataset, predictions:
                               max_tasks=section.max_tasks, already_queued=len(existing))
     # Queued pages this model re-scored keep their task and get its prediction (as the policy admits them).
     rescored = [p for p in predictions if p.page_id in existing
-                and (section.queue_policy == "budget" or p.confidence < section.queue_below_confidence)]
+                and admits(section.queue_policy, section.queue_below_confidence, p.confidence)]
     result = queue_pages(handle.client, handle.project_id, dataset, chosen + rescored, model_version, view=handle.view)
     return {"queued": len(result.queued), "already_queued": len(result.already_queued), "policy": section.queue_policy,
             "candidates": len(predictions), "url": handle.url, "project_id": handle.project_id}
@@ -245,8 +246,6 @@ def split_pages(cfg: PipelineConfig) -> dict:
     result = make_splits(PageDataset(cfg.pages_dir), cfg.curation.splits, out_dir=cfg.splits_dir,
                          target=lambda page: page_with_target(page, targets))
     if targets.dropped:
-        logger.warning("curation dropped %d unusable pages from the splits: %s",
-                       sum(targets.dropped.values()), dict(targets.dropped))
         print(f"[split] dropped {sum(targets.dropped.values())} unusable pages: {dict(targets.dropped)}", flush=True)
     written = {name: len(store) for name, store in result.datasets.items()}
     return {**written, "assigned": result.counts(), "targets": targets.summary()}

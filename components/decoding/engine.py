@@ -79,14 +79,23 @@ class DecodingEngine:
     def max_positions(self) -> int:
         return int(getattr(self.model, "max_positions", 1 << 30))
 
+    @property
+    def prefix_length(self) -> int:
+        """The model's fixed image-prefix length (0 when it depends on the image, as in HF VLMs)."""
+        return int(getattr(self.model, "num_prefix_tokens", 0) or 0)
+
+    def token_room(self, n_prefix: int | None = None) -> int:
+        """Tokens the model's positions leave for a page's markup after its image prefix."""
+        return self.max_positions - (self.prefix_length if n_prefix is None else n_prefix) - 1
+
     def check_params(self, params: DecodeParams, n_prefix: int | None = None) -> None:
         """Refuse a window / block / span the model's positions cannot hold, naming the parameter.
 
         The widest forward holds a stored segment plus a speculative one of the decoder's length,
         after the image prefix (``n_prefix``; the model's fixed prefix length when not given).
         """
-        n_prefix = int(getattr(self.model, "num_prefix_tokens", 0) or 0) if n_prefix is None else n_prefix
-        room = self.max_positions - n_prefix - 1
+        n_prefix = self.prefix_length if n_prefix is None else n_prefix
+        room = self.token_room(n_prefix)
         if room < 1:
             raise ValueError(f"model allows {self.max_positions} positions; the image prefix alone takes {n_prefix}")
         name = SPEC_PARAMETER.get(params.decoder)

@@ -161,8 +161,7 @@ def token_budget(engine: DecodingEngine, pages: Sequence[Page], margin: float = 
     if not pages:
         raise ValueError("no pages to size a token budget on")
     lengths = [len(engine.tokenizer(page.markup, add_special_tokens=False)["input_ids"]) + 1 for page in pages]
-    prefix = int(getattr(engine.model, "num_prefix_tokens", 0) or 0)
-    room = engine.max_positions - prefix - 1
+    room = engine.token_room()
     wanted = math.ceil(max(lengths) * margin / multiple) * multiple
     return TokenBudget(max_new_tokens=max(1, min(room, wanted)), longest_target=max(lengths), room=room,
                        too_long=sum(length > room for length in lengths))
