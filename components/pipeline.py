@@ -132,6 +132,11 @@ class EvaluationSection(_Strict):
     decoders: list[Literal["ar", "sdb", "block", "ppc"]] = Field(default_factory=lambda: ["ar", "sdb", "block", "ppc"])
     threshold: float = 0.95
     window: int = 16
+    # How the model reads pages: "auto" (as it was trained: training_meta.json's unit), "page", or
+    # "elements" (two-stage: layout, then element crops; components/parsing). The layout of element
+    # mode: "rapid-layout" (what serving runs) or "ground-truth" (the pages' own boxes: an oracle).
+    parse: Literal["auto", "page", "elements"] = "auto"
+    layout: Literal["rapid-layout", "ground-truth"] = "rapid-layout"
     model_name: str = "docmarkup"
     gates: GatesSection = Field(default_factory=GatesSection)
 

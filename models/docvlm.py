@@ -134,12 +134,15 @@ def page_pixels(images: list[Image.Image], image_size: tuple[int, int], ink_scal
     them (measured: loss with a page's own image equal to the loss with another page's).
     Fed as ink (paper = 0), blank patches embed to the bias alone and text dominates, and the
     tiny model starts reading within a few hundred CPU steps.
+
+    Smaller images (element crops of a two-stage parse) are never enlarged: they sit at native
+    resolution in the top-left corner, so a crop's glyphs have the size they have on its page.
     """
     height, width = image_size
     batch = np.full((len(images), 1, height, width), 255, dtype=np.uint8)
     for i, image in enumerate(images):
         gray = image.convert("L")
-        scale = min(width / gray.width, height / gray.height)
+        scale = min(1.0, width / gray.width, height / gray.height)
         size = (max(1, round(gray.width * scale)), max(1, round(gray.height * scale)))
         resized = gray.resize(size, Image.Resampling.BILINEAR) if size != gray.size else gray
         batch[i, 0, : size[1], : size[0]] = np.asarray(resized)
@@ -183,6 +186,8 @@ def attention_implementations(preferred: str = "sdpa") -> tuple[str, str]:
 
 class DocVLMForConditionalGeneration(PreTrainedModel):
     """Vision prefix + causal decoder. Implements :class:`models.interface.TrainableMarkupLM`."""
+
+    takes_task_prompts = False  # an element crop alone says what it is (see components.parsing.prompts)
 
     config_class = DocVLMConfig
     base_model_prefix = "docvlm"

@@ -224,11 +224,21 @@ class ChatPagePrefix:
         return self.prompt_ids.shape[1]
 
 
-def render_page_inputs(processor, prompt_text: str, images: list[Image.Image]) -> BatchFeature:
-    """Processor outputs for a batch of pages, left-padded (picklable: DataLoader workers call it)."""
+def render_page_inputs(processor, default_prompt: str, images: list[Image.Image],
+                       prompts: list[str | None] | None = None) -> BatchFeature:
+    """Processor outputs for a batch of pages, left-padded (picklable: DataLoader workers call it).
+
+    Each image gets the chat prompt around ``default_prompt``, or around its own task prompt
+    (an element crop of a two-stage parse) where ``prompts`` names one."""
     rgb = [image.convert("RGB") for image in images]
-    return processor(text=[prompt_text] * len(images), images=rgb, padding=True, padding_side="left",
-                     return_tensors="pt")
+    rendered = {default_prompt: _render_prompt(processor, default_prompt)}
+    texts = []
+    for prompt in prompts or [None] * len(images):
+        prompt = prompt or default_prompt
+        if prompt not in rendered:
+            rendered[prompt] = _render_prompt(processor, prompt)
+        texts.append(rendered[prompt])
+    return processor(text=texts, images=rgb, padding=True, padding_side="left", return_tensors="pt")
 
 
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
@@ -238,6 +248,8 @@ PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_p
 class HFMarkupModel(nn.Module):
     """A Hugging Face doc-VLM checkpoint (:data:`SUPPORTED_MODEL_TYPES`) behind
     :class:`models.interface.TrainableMarkupLM`: the engine decodes it and the objective mix trains it."""
+
+    takes_task_prompts = True  # element crops are decoded with their category's task prompt
 
     def __init__(self, hf_model: nn.Module, processor, prompt: str = DEFAULT_PROMPT, source: Path | None = None):
         """Wrap a loaded checkpoint; adds missing special tokens to ``processor.tokenizer`` (in place)."""
@@ -326,12 +338,12 @@ class HFMarkupModel(nn.Module):
         return _render_prompt(self.processor, self.prompt)
 
     def cpu_preprocessor(self):
-        """``images -> BatchFeature`` on CPU: the same prompt decoding renders (:meth:`page_inputs`)."""
-        return functools.partial(render_page_inputs, self.processor, self.chat_prompt())
+        """``(images, prompts=None) -> BatchFeature`` on CPU: the prompts decoding renders (:meth:`page_inputs`)."""
+        return functools.partial(render_page_inputs, self.processor, self.prompt)
 
-    def page_inputs(self, images: list[Image.Image]) -> BatchFeature:
+    def page_inputs(self, images: list[Image.Image], prompts: list[str | None] | None = None) -> BatchFeature:
         """Processor outputs for a batch of pages (left-padded): what ``generate`` would be given."""
-        return render_page_inputs(self.processor, self.chat_prompt(), images)
+        return render_page_inputs(self.processor, self.prompt, images, prompts)
 
     def _prompt_part(self, inputs: BatchFeature) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(prompt ids but the last, their validity, their M-RoPE positions, the row's text offset)."""
@@ -401,13 +413,15 @@ class HFMarkupModel(nn.Module):
 
     # ----- decoding half (MarkupLM) -------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, images: list[Image.Image], prompt_ids: torch.Tensor) -> tuple[torch.Tensor, PagePromptCache]:
+    def prefill(self, images: list[Image.Image], prompt_ids: torch.Tensor,
+                prompts: list[str | None] | None = None) -> tuple[torch.Tensor, PagePromptCache]:
         """Run each page's chat prompt but its last token; then ``prompt_ids`` (engine ids), if any.
 
         The cache length after the chat part is the engine's ``n_prefix``; the engine's first
-        input (its bos) stands for the held-back prompt token.
+        input (its bos) stands for the held-back prompt token. ``prompts``: a task prompt per
+        image in place of the page instruction (left padding evens out their lengths).
         """
-        inputs = self.page_inputs(images).to(self.device)
+        inputs = self.page_inputs(images, prompts).to(self.device)
         prompt, valid, positions, rope_deltas = self._prompt_part(inputs)
         n_prefix = prompt.shape[1]
         causal = torch.ones(n_prefix, n_prefix, dtype=torch.bool, device=self.device).tril()

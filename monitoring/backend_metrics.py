@@ -20,6 +20,9 @@ would at a server restart):
 - ``docmarkup_batch_pages``               histogram, per engine batch: pages decoded together
   (dynamic batching; requests with equal decoding parameters share a batch);
 - ``docmarkup_requests_total``           counter, by ``outcome`` (ok, truncated, invalid, cancelled, error);
+- ``docmarkup_elements_total``           counter, element mode (``PARSE=elements``): elements by
+  ``category`` and ``outcome`` (decoded, skipped, error);
+- ``docmarkup_element_confidence``       histogram, element mode: mean confidence per decoded element, by ``category``;
 - ``docmarkup_generated_tokens_total`` / ``docmarkup_forward_passes_total``  counters.
 
 This module is plain Python: the ``pb_utils`` module is handed in by the backend, so the
@@ -69,8 +72,16 @@ REQUESTS = MetricSpec("docmarkup_requests_total", "Page requests handled, by out
 GENERATED_TOKENS = MetricSpec("docmarkup_generated_tokens_total", "Tokens generated.", "counter")
 FORWARD_PASSES = MetricSpec("docmarkup_forward_passes_total", "Decoder forward passes run.", "counter")
 
+ELEMENTS = MetricSpec("docmarkup_elements_total", "Page elements handled in element mode, by category and outcome.",
+                      "counter")
+ELEMENT_CONFIDENCE = MetricSpec(
+    "docmarkup_element_confidence", "Mean confidence of one decoded element (element mode), by category.", "histogram",
+    (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.999, 1.0),
+)
+
 ALL_METRICS = (REQUEST_LATENCY, TOKENS_PER_FORWARD, ACCEPTANCE_LENGTH, MEAN_CONFIDENCE, BATCH_PAGES, REQUESTS,
-               GENERATED_TOKENS, FORWARD_PASSES)
+               GENERATED_TOKENS, FORWARD_PASSES, ELEMENTS, ELEMENT_CONFIDENCE)
+ELEMENT_OUTCOMES = ("decoded", "skipped", "error")
 OUTCOMES = ("ok", "truncated", "invalid", "cancelled", "error")
 
 
@@ -123,6 +134,14 @@ class BackendMetrics:
             acceptance.observe(float(length))
         if mean_confidence is not None:
             self._metric(MEAN_CONFIDENCE, decoder=decoder).observe(float(mean_confidence))
+
+    def record_element(self, decoder: str, category: str, outcome: str, confidence: float | None = None) -> None:
+        """One element of a two-stage parse (``category`` is the layout's: a bounded set)."""
+        if outcome not in ELEMENT_OUTCOMES:
+            raise ValueError(f"unknown element outcome {outcome!r}; expected one of {ELEMENT_OUTCOMES}")
+        self._metric(ELEMENTS, decoder=decoder, category=category, outcome=outcome).increment(1)
+        if confidence is not None:
+            self._metric(ELEMENT_CONFIDENCE, decoder=decoder, category=category).observe(float(confidence))
 
     def record_batch(self, decoder: str, pages: int) -> None:
         self._metric(BATCH_PAGES, decoder=decoder).observe(float(pages))

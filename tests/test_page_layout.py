@@ -4,11 +4,11 @@ listings, and what layout-model regions make of OCR boxes (boxes built by hand).
 from __future__ import annotations
 
 from components.curation.preannotate.code_listing import is_listing, listing_runs, looks_like_code
-from components.curation.preannotate.layout_model import LayoutRegion
 from components.curation.preannotate.rapidocr import OcrLine, RapidOCRAnnotator, RapidOCRConfig
-from components.curation.preannotate.reading_order import find_gutter, reading_order
 from components.data.markup import parse_markup, render_markup
 from components.data.pages import LayoutElement, Page
+from components.parsing.layout import LayoutRegion
+from components.parsing.reading_order import find_gutter, reading_order
 
 WIDTH, HEIGHT = 1200, 1600
 

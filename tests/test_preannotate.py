@@ -191,6 +191,12 @@ def test_paddleocr_vl_through_transformers_runs_on_our_engine_with_its_ocr_promp
     annotation = annotator.annotate(image, page.page_id)
     assert annotation.model_version.startswith("paddleocr_vl:") and 0.0 < annotation.confidence <= 1.0
     assert annotation.extra["new_tokens"] > 0
+    # As PaddleOCR-VL was trained: layout, then element crops with their task prompts; boxes come back.
+    assert annotation.extra["parse"] == "elements" and annotation.elements
+    assert all(0 <= e.bbox[0] < e.bbox[2] <= image.width for e in annotation.elements)
+    whole = make_preannotator({"backend": "paddleocr_vl_transformers", "model_dir": str(folder), "max_new_tokens": 8,
+                               "parse": "page"}).annotate(image, page.page_id)
+    assert whole.extra["parse"] == "page" and whole.elements == []
     with pytest.raises(ValueError, match="holds a 'docvlm' model; this backend needs a 'paddleocr_vl' folder"):
         make_preannotator({"backend": "paddleocr_vl_transformers", "model_dir": str(curation_model_dir)})
 

@@ -376,6 +376,32 @@ def test_metrics_endpoint_has_backend_and_triton_metrics(triton, client, page):
     assert sample_value(after, "nv_cpu_utilization") is not None
 
 
+def test_element_mode_runs_layout_in_the_backend_and_answers_every_element(triton, client, registry, page):
+    """``PARSE=elements``: the same parse as the engine's locally, per-element metrics, a stream
+    that concatenates to the unary text, and an unknown mode refused with a 400."""
+    from components.parsing import make_layout, parse
+
+    engine = DecodingEngine.from_pretrained(registry["folders"]["2"])
+    local = parse(Image.open(io.BytesIO(page)), engine, make_layout("rapid-layout"), DecodeParams(max_new_tokens=12))
+    assert local.decoded, "rapid-layout should find regions on this page"
+    before = parse_samples(triton.metrics_text())
+    served = client.transcribe(page, parse="elements", max_new_tokens=12)
+    after = parse_samples(triton.metrics_text())
+    assert served.stats["parse"] == "elements"
+    assert [e["markup"] for e in served.stats["elements"]] == [e.markup for e in local.elements]
+    assert served.text == local.markup and served.token_ids == [t for e in local.decoded for t in e.token_ids]
+    decoded = sum(metric_delta(before, after, "docmarkup_elements_total", model="docmarkup", decoder="ar",
+                               category=category, outcome="decoded")
+                  for category in {e.category for e in local.decoded})
+    assert decoded == len(local.decoded)
+    with client.stream_transcribe(page, parse="elements", max_new_tokens=12) as stream:
+        chunks = list(stream)
+    assert "".join(chunk.text for chunk in chunks) == served.text
+    with pytest.raises(TranscriptionError) as refused:
+        client.transcribe(page, parse="columns")
+    assert refused.value.status == "400" and "PARSE must be one of page, elements" in str(refused.value)
+
+
 def test_served_pages_are_logged_for_drift_checks_and_feedback(client, registry):
     image = png(generate_page(77)[1])
     unary = client.transcribe(image, decoder="sdb", max_new_tokens=MAX_TOKENS)

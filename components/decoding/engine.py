@@ -105,24 +105,26 @@ class DecodingEngine:
                 f"{name} {getattr(params, name)} is too large for this model: it allows {self.max_positions} positions "
                 f"and the image prefix takes {n_prefix}, so {name} must be at most {(room - 1) // 2}")
 
-    def generate(self, images: list[Image.Image], params: DecodeParams | None = None) -> list[DecodeResult]:
-        """Decode a batch to completion."""
+    def generate(self, images: list[Image.Image], params: DecodeParams | None = None,
+                 prompts: list[str | None] | None = None) -> list[DecodeResult]:
+        """Decode a batch to completion. ``prompts``: a task prompt per image (element crops of a
+        two-stage parse), for models that take them (``takes_task_prompts``)."""
         params = params or DecodeParams()
         rows: dict[int, RowState] = {}
-        for _event in self._run(images, params, rows):
+        for _event in self._run(images, params, rows, prompts=prompts):
             pass
         return [self._result(rows[i]) for i in range(len(images))]
 
     def stream(
         self, images: list[Image.Image], params: DecodeParams | None = None,
-        cancelled: Callable[[int], bool] | None = None,
+        cancelled: Callable[[int], bool] | None = None, prompts: list[str | None] | None = None,
     ) -> Iterator[CommitEvent]:
         """Yield one event per row per forward. Closing the iterator cancels the remaining work.
 
         ``cancelled(row)`` is asked after every forward; a row it answers True for leaves the
         batch at once (no more forwards, no more events), the others go on.
         """
-        return self._run(images, params or DecodeParams(), {}, cancelled)
+        return self._run(images, params or DecodeParams(), {}, cancelled, prompts)
 
     # ------------------------------------------------------------------------------------
     def _result(self, row: RowState) -> DecodeResult:
@@ -134,7 +136,7 @@ class DecodingEngine:
 
     def _run(
         self, images: list[Image.Image], params: DecodeParams, rows: dict[int, RowState],
-        cancelled: Callable[[int], bool] | None = None,
+        cancelled: Callable[[int], bool] | None = None, prompts: list[str | None] | None = None,
     ) -> Iterator[CommitEvent]:
         if not images:
             raise ValueError("decode needs at least one page image")
@@ -146,7 +148,14 @@ class DecodingEngine:
         started = time.perf_counter()
         device = self.model.device
         empty_prompt = torch.zeros(len(images), 0, dtype=torch.long, device=device)
-        _, cache = self.model.prefill(images, empty_prompt)
+        if prompts is not None:
+            if len(prompts) != len(images):
+                raise ValueError(f"{len(prompts)} task prompts for {len(images)} images")
+            if not getattr(self.model, "takes_task_prompts", False):
+                raise ValueError("this model takes no task prompts (it reads an element from its crop alone)")
+            _, cache = self.model.prefill(images, empty_prompt, prompts=prompts)
+        else:
+            _, cache = self.model.prefill(images, empty_prompt)
         n_prefix = cache.get_seq_length()
         self.check_params(params, n_prefix)
         # Leave room for the widest forward (stored block + speculative segment) below the position limit.

@@ -112,6 +112,7 @@ class DecodeResult:
     confidences: list[float]
     finished: bool  # ended with <eos>
     truncated: bool  # stopped by max_new_tokens / max positions before <eos>
+    parse: Any = None  # a two-stage parse's components.parsing.PageParse (elements, boxes, skips)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from components.data.seeds import seen_seeds, synthetic_seeds
 from components.decoding.engine import DecodingEngine, decode_stats_summary
 from components.decoding.types import DECODERS, DecodeParams, DecodeResult
 from components.metrics import aggregate_scores, score_page
+from components.parsing import ParseSettings, make_layout, read_pages
 
 CATEGORY_METRICS = ("text_edit", "table_teds", "table_teds_s", "formula_edit", "reading_order_edit", "overall")
 
@@ -185,20 +186,23 @@ def assert_held_out(model_dir: str | Path, dataset: PageDataset) -> None:
 
 def evaluate_decoder(
     engine: DecodingEngine, dataset: PageDataset, params: DecodeParams, pages: Sequence[Page] | None = None,
-    batch_size: int = 1,
+    batch_size: int = 1, parsing: ParseSettings | None = None,
 ) -> DecoderEvaluation:
     """Decode every page and score it against its ground-truth markup.
 
-    ``batch_size=1`` gives per-page latency and tokens/s comparable across decoders.
+    ``batch_size=1`` gives per-page latency and tokens/s comparable across decoders. With
+    ``parsing.mode == "elements"`` each page is parsed in two stages (its elements one batch) and
+    the assembled markup is scored.
     """
     pages = list(pages if pages is not None else dataset.pages())
     if not pages:
         raise ValueError(f"dataset {dataset.root} has no pages to evaluate")
     results: list[DecodeResult] = []
+    layout = make_layout(parsing.layout) if parsing is not None and parsing.elements else None
     started = time.perf_counter()
     for first in range(0, len(pages), batch_size):
         chunk = pages[first : first + batch_size]
-        results.extend(engine.generate([dataset.load_image(p) for p in chunk], params))
+        results.extend(read_pages(engine, [dataset.load_image(p) for p in chunk], params, parsing, chunk, layout))
     wall = time.perf_counter() - started
     page_scores = [score_page(r.text, p.markup) for p, r in zip(pages, results, strict=True)]
     return _decoder_evaluation(params.decoder, asdict(params), [p.page_id for p in pages], page_scores, results, wall)
@@ -248,6 +252,7 @@ def merge_reports(reports: Sequence[EvaluationReport]) -> EvaluationReport:
 def evaluate_decoders(
     engine: DecodingEngine, dataset: PageDataset, decoders: Sequence[DecodeParams] | None = None,
     limit: int | None = None, batch_size: int = 1, pages: Sequence[Page] | None = None,
+    parsing: ParseSettings | None = None,
 ) -> EvaluationReport:
     """Run each decoder on the same pages (``pages``, else the first ``limit`` of the store);
     AR is always included as the baseline."""
@@ -266,7 +271,7 @@ def evaluate_decoders(
             "pre-annotation); pre-annotate or correct them before evaluating")
     if refused:
         print(f"[evaluate] {refused} of {len(offered)} pages of {dataset.root} have no ground truth; left out", flush=True)
-    evaluations = {p.decoder: evaluate_decoder(engine, dataset, p, pages, batch_size) for p in decoders}
+    evaluations = {p.decoder: evaluate_decoder(engine, dataset, p, pages, batch_size, parsing) for p in decoders}
     for params in decoders:
         cut = int(evaluations[params.decoder].scores["truncated_pages"])
         if cut:

@@ -20,6 +20,7 @@ from components.evaluation.evaluate import (
     token_budget,
     write_category_tables,
 )
+from components.parsing import ParseSettings, resolve_parse
 from components.pipeline import PipelineConfig
 from components.registry import mlflow_registry as registry
 from monitoring.drift import save_reference
@@ -49,6 +50,11 @@ def decoder_params(cfg: PipelineConfig, max_new_tokens: int | None = None) -> li
             for name in section.decoders]
 
 
+def parse_settings(cfg: PipelineConfig, model_dir: Path) -> ParseSettings:
+    """How ``model_dir`` reads the evaluation pages (``evaluation.parse``; "auto": as it was trained)."""
+    return ParseSettings(resolve_parse(cfg.evaluation.parse, model_dir), cfg.evaluation.layout)
+
+
 def evaluation_units(cfg: PipelineConfig, model_dir: Path) -> list[dict]:
     """One unit per shard of the evaluation store (the first ``max_pages`` pages), once the store is
     known to hold no page the model was trained on."""
@@ -68,7 +74,8 @@ def evaluate_shard(cfg: PipelineConfig, model_dir: Path, unit: dict) -> Evaluati
     dataset = PageDataset(cfg.evaluation_dir)
     pages = dataset.unit_pages(unit)
     return evaluate_decoders(DecodingEngine.from_pretrained(model_dir), dataset,
-                             decoder_params(cfg, unit.get("max_new_tokens")), pages=pages)
+                             decoder_params(cfg, unit.get("max_new_tokens")), pages=pages,
+                             parsing=parse_settings(cfg, model_dir))
 
 
 def evaluate_model(cfg: PipelineConfig, model_dir: Path, reports: list[EvaluationReport] | None = None) -> EvaluationReport:
@@ -91,7 +98,8 @@ def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version:
     """The evaluation flow's body: one MLflow run, one registered version, an alias only if gates pass."""
     experiment_id = registry.configure(experiment=f"{cfg.name}-evaluation")
     report = evaluate_model(cfg, model_dir, reports)
-    params = {"model_dir": str(model_dir), "split": cfg.evaluation.pages_dir or cfg.evaluation.split, "n_pages": report.n_pages,
+    params = {"model_dir": str(model_dir), "parse": parse_settings(cfg, model_dir).mode,
+              "layout": cfg.evaluation.layout, "split": cfg.evaluation.pages_dir or cfg.evaluation.split, "n_pages": report.n_pages,
               "refused_no_truth": report.refused_no_truth,
               **{f"decoder.{name}": ev.params for name, ev in report.decoders.items()},
               **{f"train.{k}": v for k, v in (training or {}).items()}}
@@ -142,7 +150,8 @@ def baseline_metrics(cfg: PipelineConfig, report: EvaluationReport, decoder: str
     page_ids = [row["page_id"] for row in report.decoders[decoder].pages]
     params = [DecodeParams(**report.decoders[decoder].params)]  # exactly the challenger's settings
     baseline = evaluate_decoders(DecodingEngine.from_pretrained(folder), dataset, params,
-                                 pages=list(dataset.iter_pages(page_ids=page_ids)))
+                                 pages=list(dataset.iter_pages(page_ids=page_ids)),
+                                 parsing=parse_settings(cfg, folder))  # each model read as it was trained
     print(f"[evaluate] baseline {label}: {decoder} Overall {baseline.decoders[decoder].overall:.2f} on the same "
           f"{baseline.n_pages} pages", flush=True)
     return label, {key: value for key, value in baseline.flat_metrics().items() if key.startswith(f"{decoder}.")}

@@ -75,6 +75,9 @@ class DataSection(_Strict):
     hard_ratio: float = Field(0.0, ge=0.0, le=1.0)  # fraction of each batch drawn from hard_examples
     consistency_beta: float = Field(0.0, ge=0.0)  # per-sample weight 1 + beta * (1 - C(x))
     max_tokens: int = Field(256, ge=8)  # <bos> + markup + <eos>, truncated beyond
+    # "page": a whole page per example; "element": each body element's crop (two-stage parsers)
+    unit: Literal["page", "element"] = "page"
+    prompt_style: str | None = None  # element task prompts (components.parsing.prompts); None: the family's own
     workers: int = Field(0, ge=0)  # DataLoader processes decoding and preprocessing pages ahead of the step
     version: str | None = None  # data version (e.g. a DVC revision), recorded in training_meta.json and MLflow
 

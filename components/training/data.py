@@ -8,6 +8,13 @@ global batch holds ``round(hard_ratio * G)`` hard pages and the rest broad ones.
 
 Per-sample weights for Stage 2 come from ``page.meta["consistency"]`` (C(x) from curation):
 ``1 + beta * (1 - C(x))``; pages without a score weigh 1.
+
+With ``unit="element"`` (two-stage parsers: MinerU2.5, PaddleOCR-VL, our element models) every
+body element of a page with a box is one example: its native-resolution crop, its category's task
+prompt (for families that take one) and its markup (:func:`render_block` of the element) as the
+target. Elements of a page share the page's C(x) unless ``meta["element_consistency"]`` gives one
+per element; elements with nothing to learn (empty content, a box that leaves no pixels) are
+dropped with a count, never a crash in training.
 """
 
 from __future__ import annotations
@@ -28,8 +35,11 @@ import torch
 from PIL import Image
 from transformers import PreTrainedTokenizerFast
 
+from components.data.markup import BLOCK_CATEGORIES, render_block
 from components.data.page_store import PageDataset, ShardInfo
-from components.data.pages import InvalidPageError, load_image
+from components.data.pages import InvalidPageError, Page, load_image
+from components.parsing.crops import DEFAULT_CROP, CropSettings, clip_box, native_crop
+from components.parsing.prompts import task_prompt
 from components.training.objectives import consistency_weights
 from models.interface import PageInputs
 
@@ -41,6 +51,25 @@ class Example:
     token_ids: tuple[int, ...]  # <bos> markup [<eos>]
     ends_with_eos: bool
     consistency: float | None
+    box: tuple[float, float, float, float] | None = None  # element unit: the crop in page pixels
+    category: str | None = None  # element unit: what the element is (picks its task prompt)
+
+
+UNITS = ("page", "element")
+
+
+def element_targets(page: Page, settings: CropSettings = DEFAULT_CROP) -> tuple[list[tuple[int, str, str]], int]:
+    """``(index, category, target markup)`` of a page's trainable elements, and how many were dropped."""
+    kept, dropped = [], 0
+    for index, element in enumerate(page.elements):
+        if element.category not in BLOCK_CATEGORIES:
+            continue  # layout-only (headers, footers, figures): no markup to learn
+        x0, y0, x1, y1 = clip_box(element.bbox, page.width, page.height)
+        if not element.content.strip() or x1 - x0 < settings.min_side or y1 - y0 < settings.min_side:
+            dropped += 1
+            continue
+        kept.append((index, element.category, render_block(element.category, element.content)))
+    return kept, dropped
 
 
 @dataclass
@@ -89,7 +118,8 @@ class ShardedExamples(Sequence[Example]):
     :meth:`prepare`, before training starts.
     """
 
-    def __init__(self, root: str | Path, tokenizer: PreTrainedTokenizerFast, max_tokens: int, shards_in_memory: int = 3):
+    def __init__(self, root: str | Path, tokenizer: PreTrainedTokenizerFast, max_tokens: int, shards_in_memory: int = 3,
+                 unit: str = "page"):
         self.store = PageDataset(root)
         if not self.store.exists():
             raise FileNotFoundError(f"training dataset {self.store.root} has no page store; create or pull it first")
@@ -97,8 +127,11 @@ class ShardedExamples(Sequence[Example]):
         self.offsets = np.cumsum([0, *(s.live for s in self.shards)]).tolist()
         if not self.offsets[-1]:
             raise InvalidPageError(f"training dataset {self.store.root} holds no pages")
-        self.tokenizer, self.max_tokens = tokenizer, max_tokens
+        if unit not in UNITS:
+            raise ValueError(f"data.unit must be one of {UNITS}, got {unit!r}")
+        self.tokenizer, self.max_tokens, self.unit = tokenizer, max_tokens, unit
         vocab = json.dumps(tokenizer.get_vocab(), sort_keys=True) + f"|{tokenizer.bos_token_id}|{tokenizer.eos_token_id}|{max_tokens}"
+        vocab += "" if unit == "page" else f"|{unit}"
         self.cache_key = hashlib.sha256(vocab.encode()).hexdigest()[:16]
         self._loaded: OrderedDict[int, dict] = OrderedDict()
         self._in_memory = shards_in_memory
@@ -109,7 +142,20 @@ class ShardedExamples(Sequence[Example]):
 
     @property
     def shard_sizes(self) -> list[int]:
+        """Examples per shard (pages; in element mode, elements, known after :meth:`prepare`)."""
+        if self.unit == "element":
+            self.prepare()
+            return list(self._sizes)
         return [s.live for s in self.shards]
+
+    def _element_offsets(self) -> None:
+        """In element mode a shard holds as many examples as its pages' trainable elements: the
+        counts are known once every shard is tokenised (or read from its cache)."""
+        sizes = [len(self._load(index)["page_ids"]) for index in range(len(self.shards))]
+        self.offsets = np.cumsum([0, *sizes]).tolist()
+        self._sizes = sizes
+        if not self.offsets[-1]:
+            raise InvalidPageError(f"training dataset {self.store.root} holds no element with a box and content")
 
     def _cache_path(self, shard: ShardInfo) -> Path:
         """Shard files never change, but their live rows do (a newer shard supersedes some): a shard
@@ -122,6 +168,8 @@ class ShardedExamples(Sequence[Example]):
 
     def _tokenise(self, shard: ShardInfo) -> dict:
         pages = self.store.shard_pages(shard)
+        if self.unit == "element":
+            return self._tokenise_elements(pages)
         ids, lengths, finished, consistency = [], [], [], []
         for page in pages:
             markup = page.markup
@@ -138,6 +186,34 @@ class ShardedExamples(Sequence[Example]):
         return {"page_ids": np.array([p.page_id for p in pages]), "images": np.array([p.image for p in pages]),
                 "ids": np.array(ids, dtype=np.int32), "offsets": np.cumsum([0, *lengths]).astype(np.int64),
                 "ends_with_eos": np.array(finished, dtype=bool), "consistency": np.array(consistency, dtype=np.float64)}
+
+    def _tokenise_elements(self, pages: list[Page]) -> dict:
+        ids, lengths, finished, consistency = [], [], [], []
+        page_ids, images, boxes, categories = [], [], [], []
+        dropped = 0
+        for page in pages:
+            kept, lost = element_targets(page)
+            dropped += lost
+            page_value = page.meta.get("consistency")
+            per_element = page.meta.get("element_consistency")
+            for index, category, target in kept:
+                value = per_element[index] if per_element and index < len(per_element) else page_value
+                if value is not None and not 0.0 <= float(value) <= 1.0:
+                    raise InvalidPageError(f"page {page.page_id} has consistency {value}; expected a value in [0, 1]")
+                tokens, ok = encode_markup(self.tokenizer, target, self.max_tokens)
+                ids += tokens
+                lengths.append(len(tokens))
+                finished.append(ok)
+                consistency.append(math.nan if value is None else float(value))
+                page_ids.append(page.page_id)
+                images.append(page.image)
+                boxes.append(page.elements[index].bbox)
+                categories.append(category)
+        return {"page_ids": np.array(page_ids, dtype=str), "images": np.array(images, dtype=str),
+                "ids": np.array(ids, dtype=np.int32), "offsets": np.cumsum([0, *lengths]).astype(np.int64),
+                "ends_with_eos": np.array(finished, dtype=bool), "consistency": np.array(consistency, dtype=np.float64),
+                "boxes": np.array(boxes, dtype=np.float64).reshape(-1, 4), "categories": np.array(categories, dtype=str),
+                "dropped": np.array(dropped, dtype=np.int64)}
 
     def _load(self, index: int) -> dict:
         if index in self._loaded:
@@ -167,15 +243,22 @@ class ShardedExamples(Sequence[Example]):
         (computed on the first call, which reads every shard's cache; later calls reuse them)."""
         if self._statistics is not None:
             return self._statistics
-        count = total = longest = truncated = 0
+        count = total = longest = truncated = dropped = 0
         for index in range(len(self.shards)):
             arrays = self._load(index)
             lengths = np.diff(arrays["offsets"])
             count, total = count + len(lengths), total + int(lengths.sum())
             longest = max(longest, int(lengths.max(initial=0)))
             truncated += int((~arrays["ends_with_eos"]).sum())
+            dropped += int(arrays["dropped"]) if "dropped" in arrays else 0
+        if self.unit == "element":
+            self._element_offsets()
         self._statistics = {"n_examples": count, "mean_tokens": total / max(count, 1), "max_tokens": longest,
                             "truncated": truncated}
+        if self.unit == "element":
+            self._statistics["dropped_elements"] = dropped
+            if dropped:
+                print(f"[data] {self.store.root.name}: dropped {dropped} element(s) with no content or no pixels")
         return self._statistics
 
     def __getitem__(self, position: int) -> Example:  # type: ignore[override]
@@ -186,14 +269,18 @@ class ShardedExamples(Sequence[Example]):
         arrays = self._load(index)
         start, stop = int(arrays["offsets"][row]), int(arrays["offsets"][row + 1])
         consistency = float(arrays["consistency"][row])
+        box = tuple(float(v) for v in arrays["boxes"][row]) if "boxes" in arrays else None
         return Example(str(arrays["page_ids"][row]), self.store.root / str(arrays["images"][row]),
                        tuple(int(t) for t in arrays["ids"][start:stop]), bool(arrays["ends_with_eos"][row]),
-                       None if math.isnan(consistency) else consistency)
+                       None if math.isnan(consistency) else consistency, box,
+                       str(arrays["categories"][row]) if "categories" in arrays else None)
 
 
-def load_examples(root: str | Path, tokenizer: PreTrainedTokenizerFast, max_tokens: int) -> ShardedExamples:
-    """The store's examples, every shard tokenised (or read from its cache) and validated now."""
-    examples = ShardedExamples(root, tokenizer, max_tokens)
+def load_examples(root: str | Path, tokenizer: PreTrainedTokenizerFast, max_tokens: int,
+                  unit: str = "page") -> ShardedExamples:
+    """The store's examples (pages, or their elements), every shard tokenised (or read from its
+    cache) and validated now."""
+    examples = ShardedExamples(root, tokenizer, max_tokens, unit=unit)
     examples.prepare()
     return examples
 
@@ -306,17 +393,19 @@ class TrainingData:
         plan: BatchPlan,
         pad_id: int,
         consistency_beta: float,
-        preprocess: Callable[[list[Image.Image]], PageInputs],
+        preprocess: Callable[..., PageInputs],
+        prompt_style: str = "none",
     ):
         self.sources: dict[str, Sequence[Example]] = {"base": base, "hard": hard or []}
         self.plan = plan
         self.pad_id = pad_id
         self.beta = consistency_beta
         self.preprocess = preprocess
+        self.prompt_style = prompt_style
 
     def batch(self, step: int, micro: int, rank: int) -> Batch:
         picked = [self.sources[source][index] for source, index in self.plan.micro_indices(step, micro, rank)]
-        return collate(picked, self.pad_id, self.beta, self.preprocess)
+        return collate(picked, self.pad_id, self.beta, self.preprocess, self.prompt_style)
 
     def batches(self, start_step: int, stop_step: int, rank: int, workers: int = 0) -> Iterator[Batch]:
         """The rank's micro-batches of steps ``[start_step, stop_step)`` in order. With ``workers``,
@@ -356,10 +445,18 @@ class _MicroBatches(torch.utils.data.Dataset):
         return self.data.batch(step, micro, self.rank)
 
 
+def example_image(example: Example) -> Image.Image:
+    """The page image, or in element mode the element's native-resolution crop."""
+    image = load_image(example.image_path)
+    return image if example.box is None else native_crop(image, example.box)
+
+
 def collate(
-    examples: list[Example], pad_id: int, consistency_beta: float, preprocess: Callable[[list[Image.Image]], PageInputs]
+    examples: list[Example], pad_id: int, consistency_beta: float, preprocess: Callable[..., PageInputs],
+    prompt_style: str = "none",
 ) -> Batch:
-    """Pad token ids to the batch maximum, preprocess images, compute Stage-2 weights."""
+    """Pad token ids to the batch maximum, preprocess images (element crops with their task
+    prompts, for families that take them), compute Stage-2 weights."""
     width = max(len(e.token_ids) for e in examples)
     tokens = torch.full((len(examples), width), pad_id, dtype=torch.long)
     for row, example in enumerate(examples):
@@ -367,8 +464,13 @@ def collate(
     consistency = torch.tensor(
         [math.nan if e.consistency is None else e.consistency for e in examples], dtype=torch.float32
     )
+    images = [example_image(e) for e in examples]
+    if prompt_style != "none" and any(e.category for e in examples):
+        pages = preprocess(images, [task_prompt(prompt_style, e.category) if e.category else None for e in examples])
+    else:
+        pages = preprocess(images)
     return Batch(
-        pages=preprocess([load_image(e.image_path) for e in examples]),
+        pages=pages,
         tokens=tokens,
         lengths=torch.tensor([len(e.token_ids) for e in examples]),
         ends_with_eos=torch.tensor([e.ends_with_eos for e in examples]),

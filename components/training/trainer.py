@@ -36,6 +36,7 @@ import torch
 
 from components.data.pages import atomic_write_text
 from components.data.seeds import seed_ranges, seen_seeds, synthetic_seeds
+from components.parsing.prompts import style_for_model
 from components.training import runtime
 from components.training.config import TrainConfig
 from components.training.data import BatchPlan, TrainingData, dataset_fingerprint, load_examples
@@ -228,8 +229,9 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
     _barrier()
 
     model, tokenizer, source = _load_model(config, output_dir, rank)
-    base = load_examples(config.path(config.data.dataset), tokenizer, config.data.max_tokens)
-    hard = (load_examples(config.path(config.data.hard_examples), tokenizer, config.data.max_tokens)
+    unit = config.data.unit
+    base = load_examples(config.path(config.data.dataset), tokenizer, config.data.max_tokens, unit)
+    hard = (load_examples(config.path(config.data.hard_examples), tokenizer, config.data.max_tokens, unit)
             if config.data.hard_examples else None)
     plan = BatchPlan(base.shard_sizes, hard.shard_sizes if hard else 0, config.data.hard_ratio, config.seed,
                      config.train.micro_batch_size, config.train.grad_accum, world_size)
@@ -245,7 +247,8 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
     zero_stage = engine.zero_optimization_stage()
     # Pages are preprocessed on CPU (in DataLoader workers when data.workers > 0) and moved here.
     preprocess = engine.module.model.cpu_preprocessor()
-    data = TrainingData(base, hard, plan, tokenizer.pad_token_id, config.data.consistency_beta, preprocess)
+    data = TrainingData(base, hard, plan, tokenizer.pad_token_id, config.data.consistency_beta, preprocess,
+                        style_for_model(engine.module.model, config.data.prompt_style))
 
     start_step = 0
     found = latest_checkpoint(output_dir) if config.train.resume else None
@@ -355,6 +358,7 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
                 also=seen_seeds(source)),
             "init_model": str(source),
             "objectives": config.active_objectives,
+            "unit": config.data.unit,  # what the model reads: whole pages, or element crops (two-stage parsing)
             "final_metrics": history[-1] if history else None,
             "deepspeed": {"version": deepspeed.__version__, "zero_stage": zero_stage, "world_size": world_size,
                           "accelerator": runtime.select_accelerator()},

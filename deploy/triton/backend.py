@@ -27,7 +27,8 @@ import triton_python_backend_utils as pb_utils
 
 from components.data.pages import InvalidPageError
 from components.decoding.engine import DecodingEngine
-from components.decoding.types import CommitEvent, DecodeParams, DecodeStats
+from components.decoding.types import CommitEvent, DecodeParams, DecodeResult, DecodeStats
+from components.parsing import ParseSettings, make_layout, read_pages, resolve_parse
 from deploy.triton import protocol
 from deploy.triton.model_source import resolve_model
 from monitoring.backend_metrics import BackendMetrics
@@ -70,6 +71,8 @@ class TritonPythonModel:
         self.max_batch_size = int(self.model_config.get("max_batch_size", 0))
         self.default_decoder = parameters.get("default_decoder") or "ar"
         self.max_new_tokens_limit = int(parameters.get("max_new_tokens_limit") or 2048)
+        self.parsing = ParseSettings("elements", parameters.get("layout") or "rapid-layout")
+        self._layout = None  # built on the first element-mode request (layout runs inside the backend)
         threads = int(parameters.get("torch_threads") or 0)
         if threads > 0:
             torch.set_num_threads(threads)
@@ -81,6 +84,7 @@ class TritonPythonModel:
         )
         self.model_info = resolved.describe()
         self.engine = DecodingEngine.from_pretrained(resolved.path, device=parameters.get("device") or "cpu")
+        self.default_parse = resolve_parse(parameters.get("default_parse") or "auto", resolved.path)
         self.metrics = BackendMetrics(pb_utils, self.model_name,
                                       model_version=str(resolved.version) if resolved.version else "local")
         self.request_log = RequestLog(
@@ -92,7 +96,7 @@ class TritonPythonModel:
         self._idle = threading.Condition()
         self.logger.log_info(
             f"{self.model_name}: serving {resolved.uri} (version {resolved.version}, {resolved.path}) "
-            f"{'streaming' if self.decoupled else 'unary'}, loaded in {time.perf_counter() - started:.1f}s"
+            f"{'streaming' if self.decoupled else 'unary'}, reading {self.default_parse} by default, loaded in {time.perf_counter() - started:.1f}s"
         )
 
     # ---------------------------------------------------------------------------------------
@@ -130,17 +134,32 @@ class TritonPythonModel:
         self.engine = None
 
     # ---------------------------------------------------------------------------------------
-    def _parse(self, request) -> tuple[DecodeParams, object, bytes]:
+    def _parse(self, request) -> tuple[DecodeParams, object, bytes, str]:
         inputs = {name: request_input(request, name) for name in protocol.INPUT_NAMES}
         params = protocol.decode_params_from_inputs(
             inputs, default_decoder=self.default_decoder, max_new_tokens_limit=self.max_new_tokens_limit
         )
+        mode = protocol.parse_mode_from_inputs(inputs, self.default_parse)
         try:
             self.engine.check_params(params)
         except ValueError as exc:
             raise protocol.RequestError(str(exc)) from exc
         image_bytes = protocol.image_bytes_from_input(inputs[protocol.IMAGE_INPUT])
-        return params, protocol.load_page_input(image_bytes), image_bytes
+        return params, protocol.load_page_input(image_bytes), image_bytes, mode
+
+    def _read(self, images: list, params: DecodeParams, mode: str) -> list[DecodeResult]:
+        """Whole pages (one engine call), or two-stage parses whose elements form one engine batch."""
+        if mode != "elements":
+            return self.engine.generate(images, params)
+        if self._layout is None:
+            self._layout = make_layout(self.parsing.layout)
+        results = read_pages(self.engine, images, params, self.parsing, layout=self._layout)
+        for result in results:
+            for element in result.parse.elements:
+                outcome = "error" if element.error else "skipped" if element.skipped else "decoded"
+                self.metrics.record_element(params.decoder, element.category, outcome,
+                                            element.confidence if outcome == "decoded" else None)
+        return results
 
     def _record_decoding(self, decoder: str, stats: DecodeStats | protocol.StreamAccounting) -> None:
         """Acceleration metrics of one page (engine stats, or a stream's accounting of them)."""
@@ -192,7 +211,8 @@ class TritonPythonModel:
     def _groups(self, parsed: list) -> list[list[int]]:
         """Which parsed requests decode together (equal parameters, no seed; see protocol.batch_groups)."""
         params = [entry[0] if isinstance(entry, tuple) else None for entry in parsed]
-        return protocol.batch_groups(params, max(1, self.max_batch_size))
+        modes = [entry[3] if isinstance(entry, tuple) else "page" for entry in parsed]
+        return protocol.batch_groups(params, max(1, self.max_batch_size), modes)
 
     def _infer_batch(self, requests: list) -> list[pb_utils.InferenceResponse]:
         """Answer every request of one (dynamically batched) execute, in order.
@@ -208,7 +228,7 @@ class TritonPythonModel:
             params = parsed[group[0]][0]
             self.metrics.record_batch(params.decoder, len(group))
             try:
-                results = self.engine.generate([parsed[i][1] for i in group], params)
+                results = self._read([parsed[i][1] for i in group], params, parsed[group[0]][3])
             except Exception as exc:
                 self._log_failure("decoding failed", exc)
                 for i in group:
@@ -284,7 +304,10 @@ class TritonPythonModel:
         params = parsed[0][0]
         self.metrics.record_batch(params.decoder, len(requests))
         pages = [_StreamedPage(request.get_response_sender()) for request in requests]
-        events = self.engine.stream([entry[1] for entry in parsed], params, cancelled=lambda row: pages[row].closed)
+        if parsed[0][3] == "elements":
+            events = self._element_events([entry[1] for entry in parsed], params)
+        else:
+            events = self.engine.stream([entry[1] for entry in parsed], params, cancelled=lambda row: pages[row].closed)
         try:
             for event in events:
                 page = pages[event.row]
@@ -314,6 +337,25 @@ class TritonPythonModel:
         for page, entry in zip(pages, parsed, strict=True):  # no last event for a page: close it, never hang
             if not page.closed:
                 self._close_finished(page, params, entry[2], started, len(pages))
+
+    def _element_events(self, images: list, params: DecodeParams) -> Iterator[CommitEvent]:
+        """Element mode on the stream: the pages are parsed (all elements one batch), then each page
+        streams one event per decoded element in reading order, its markup followed by the blank
+        line that joins elements; the last one is final."""
+        results = self._read(images, params, "elements")
+        for row, result in enumerate(results):
+            decoded = [e for e in result.parse.decoded if e.markup.strip()]
+            if not decoded:
+                yield CommitEvent(row=row, token_ids=[], text="", confidences=[], forward_pass=0,
+                                  finished=result.finished, truncated=result.truncated)
+            forwards = 0
+            for index, element in enumerate(decoded):
+                last = index == len(decoded) - 1
+                forwards += element.stats.forward_passes
+                yield CommitEvent(row=row, token_ids=element.token_ids,
+                                  text=element.markup + ("" if last else "\n\n"), confidences=element.confidences,
+                                  forward_pass=forwards, decided=len(element.token_ids),
+                                  finished=last and result.finished, truncated=last and result.truncated)
 
     def _close_cancelled(self, page: _StreamedPage, params: DecodeParams, started: float) -> None:
         page.closed = True

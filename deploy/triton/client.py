@@ -82,6 +82,7 @@ def encode_image(image: bytes | str | Path | Image.Image) -> bytes:
 def request_values(image: bytes | str | Path | Image.Image, **options: Any) -> dict[str, np.ndarray]:
     """Input name -> one-element array, for the image and every option that is not None."""
     fields = {field_name: input_name for input_name, (field_name, _) in protocol.PARAMETER_INPUTS.items()}
+    fields["parse"] = protocol.PARSE_INPUT  # page | elements
     unknown = set(options) - set(fields)
     if unknown:
         raise TypeError(f"unknown decoding options {sorted(unknown)}; expected {sorted(fields)}")
@@ -224,10 +225,12 @@ class DocMarkupClient:
     def transcribe(self, image: bytes | str | Path | Image.Image, *, decoder: str | None = None,
                    threshold: float | None = None, window: int | None = None, block_length: int | None = None,
                    span: int | None = None, max_new_tokens: int | None = None, temperature: float | None = None,
-                   top_k: int | None = None, seed: int | None = None) -> Transcription:
-        """Decode one page over HTTP and return its markup with the decoding stats."""
+                   top_k: int | None = None, seed: int | None = None, parse: str | None = None) -> Transcription:
+        """Decode one page over HTTP and return its markup with the decoding stats (with
+        ``parse="elements"``, a two-stage parse: ``stats["elements"]`` lists every element)."""
         values = request_values(image, decoder=decoder, threshold=threshold, window=window, block_length=block_length,
-                                span=span, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed)
+                                span=span, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
+                                parse=parse)
         client = self._http()
         outputs = [httpclient.InferRequestedOutput(name, binary_data=True)
                    for name in (protocol.TEXT_OUTPUT, protocol.TOKEN_IDS_OUTPUT, protocol.STATS_OUTPUT)]

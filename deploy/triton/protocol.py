@@ -3,8 +3,13 @@
 Request: ``IMAGE`` (BYTES, one encoded page: PNG/JPEG/...) plus optional one-element inputs
 choosing the decoder per request: ``DECODER`` (BYTES: ar | sdb | block | ppc), ``THRESHOLD``
 (FP32 τ), ``WINDOW`` / ``BLOCK_LENGTH`` / ``SPAN`` / ``MAX_NEW_TOKENS`` (INT32),
-``TEMPERATURE`` (FP32), ``TOP_K`` (INT32), ``SEED`` (INT64). Anything omitted takes the :class:`DecodeParams`
-default (the decoder default comes from the model config).
+``TEMPERATURE`` (FP32), ``TOP_K`` (INT32), ``SEED`` (INT64), and ``PARSE`` (BYTES: page | elements):
+a whole page in one decode, or two-stage parsing (layout inside the backend, then every element's
+crop, all elements of the batch's pages in one engine batch). Anything omitted takes the
+:class:`DecodeParams` default (the decoder and parse defaults come from the model config).
+
+In element mode ``STATS`` carries ``parse`` and ``elements`` (box, category, markup, confidence,
+skipped/error reason per element); the stream sends one response per element, in reading order.
 
 Response (``docmarkup``): ``TEXT``, ``TOKEN_IDS``, ``STATS`` (JSON). Stream
 (``docmarkup_stream``): per commit ``TEXT`` (the new text only), ``TOKEN_IDS``, ``CONFIDENCES``,
@@ -48,12 +53,15 @@ PARAMETER_INPUTS: dict[str, tuple[str, type]] = {
     "TOP_K": ("top_k", int),
     "SEED": ("seed", int),
 }
-INPUT_NAMES = (IMAGE_INPUT, *PARAMETER_INPUTS)
+PARSE_INPUT = "PARSE"
+INPUT_NAMES = (IMAGE_INPUT, *PARAMETER_INPUTS, PARSE_INPUT)
 DECODER_INPUT = "DECODER"
+PARSE_MODES = ("page", "elements")
 # Triton datatypes of the inputs, for clients.
 INPUT_DATATYPES = {
     IMAGE_INPUT: "BYTES", "DECODER": "BYTES", "THRESHOLD": "FP32", "WINDOW": "INT32", "BLOCK_LENGTH": "INT32",
     "SPAN": "INT32", "MAX_NEW_TOKENS": "INT32", "TEMPERATURE": "FP32", "TOP_K": "INT32", "SEED": "INT64",
+    PARSE_INPUT: "BYTES",
 }
 TEXT_OUTPUT, TOKEN_IDS_OUTPUT, STATS_OUTPUT = "TEXT", "TOKEN_IDS", "STATS"
 CONFIDENCES_OUTPUT, FORWARD_PASS_OUTPUT = "CONFIDENCES", "FORWARD_PASS"
@@ -102,6 +110,15 @@ def decode_params_from_inputs(
         raise RequestError(str(exc)) from exc
 
 
+def parse_mode_from_inputs(inputs: Mapping[str, np.ndarray | None], default: str = "page") -> str:
+    """The request's ``PARSE`` mode (``default`` when omitted); an unknown mode is a :class:`RequestError`."""
+    array = inputs.get(PARSE_INPUT)
+    mode = default if array is None else _scalar(PARSE_INPUT, array, str)
+    if mode not in PARSE_MODES:
+        raise RequestError(f"PARSE must be one of {', '.join(PARSE_MODES)}; got {mode!r}")
+    return mode
+
+
 def requested_decoder(array: np.ndarray | None, default: str) -> str:
     """The decoder a request asked for, as a metrics label: ``default`` when it named none, one of
     :data:`DECODERS`, or ``"unknown"`` (never the raw text, so labels stay a bounded set)."""
@@ -148,26 +165,28 @@ def load_page_input(data: bytes) -> Image.Image:
     return load_image(data, what=f"input {IMAGE_INPUT} ({len(data):,} bytes)")
 
 
-def batch_groups(params: Sequence[DecodeParams | None], max_pages: int) -> list[list[int]]:
+def batch_groups(params: Sequence[DecodeParams | None], max_pages: int,
+                 modes: Sequence[str] | None = None) -> list[list[int]]:
     """Indices of the requests to decode together, in arrival order.
 
-    Requests share a batch only when their parameters are equal and carry no seed: a seeded
-    page's sampling stream depends on its row in the batch, so it is decoded alone to stay
-    reproducible. ``None`` (a request already answered with an error) is skipped.
+    Requests share a batch only when their parameters (and parse modes) are equal and carry no
+    seed: a seeded page's sampling stream depends on its row in the batch, so it is decoded alone
+    to stay reproducible. ``None`` (a request already answered with an error) is skipped.
     """
     if max_pages < 1:
         raise ValueError("max_pages must be >= 1")
     groups: list[list[int]] = []
-    open_groups: dict[DecodeParams, list[int]] = {}
+    open_groups: dict[tuple[DecodeParams, str], list[int]] = {}
     for index, request_params in enumerate(params):
         if request_params is None:
             continue
         if request_params.seed is not None:
             groups.append([index])
             continue
-        group = open_groups.get(request_params)
+        key = (request_params, modes[index] if modes is not None else "page")
+        group = open_groups.get(key)
         if group is None or len(group) >= max_pages:
-            group = open_groups[request_params] = []
+            group = open_groups[key] = []
             groups.append(group)
         group.append(index)
     return groups
@@ -178,8 +197,12 @@ def params_dict(params: DecodeParams) -> dict[str, Any]:
 
 
 def result_stats(result: DecodeResult, params: DecodeParams, model: Mapping[str, Any], latency_s: float) -> dict[str, Any]:
-    """The ``STATS`` JSON of a finished page: engine accounting, how it was decoded, what model served it."""
+    """The ``STATS`` JSON of a finished page: engine accounting, how it was decoded, what model
+    served it, and in element mode every element (box, category, markup, confidence, reasons)."""
+    parsed = {} if result.parse is None else {
+        "parse": "elements", "elements": [e.as_dict() for e in result.parse.elements], "reason": result.parse.reason}
     return {
+        **parsed,
         **result.stats.as_dict(),
         "accepted_lengths": list(result.stats.accepted_lengths),
         "finished": result.finished,

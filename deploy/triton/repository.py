@@ -19,6 +19,8 @@ MODEL_NAME = "docmarkup"
 STREAM_MODEL_NAME = "docmarkup_stream"
 MODEL_NAMES = (MODEL_NAME, STREAM_MODEL_NAME)
 DECODERS = ("ar", "sdb", "block", "ppc")
+PARSE_MODES = ("auto", "page", "elements")  # auto: as the model was trained (components.parsing.resolve_parse)
+LAYOUTS = ("rapid-layout",)  # layouts a server can run on a bare page (ground truth needs the page record)
 
 _PARAMETER = re.compile(r'parameters\s*\{\s*key:\s*"(?P<key>[^"]+)"\s*value:\s*\{\s*string_value:\s*"(?:[^"\\]|\\.)*"\s*\}\s*\}')
 _INSTANCE_COUNT = re.compile(r"(instance_group\s*\[\s*\{\s*kind:\s*KIND_CPU\s+count:\s*)\d+")
@@ -71,6 +73,8 @@ def materialize_repository(
     tracking_uri: str | None = None,
     device: str = "cpu",
     default_decoder: str = "ar",
+    default_parse: str = "auto",
+    layout: str = "rapid-layout",
     max_new_tokens_limit: int = 2048,
     instance_count: int = 1,
     max_batch_size: int = 8,
@@ -89,6 +93,10 @@ def materialize_repository(
     """
     if default_decoder not in DECODERS:
         raise ValueError(f"default_decoder {default_decoder!r} is not one of {DECODERS}")
+    if default_parse not in PARSE_MODES:
+        raise ValueError(f"default_parse {default_parse!r} is not one of {PARSE_MODES}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r} is not one of {LAYOUTS}")
     if instance_count < 1:
         raise ValueError("instance_count must be at least 1")
     if max_batch_size < 0:
@@ -110,6 +118,8 @@ def materialize_repository(
         "mlflow_tracking_uri": tracking_uri or "",
         "device": device,
         "default_decoder": default_decoder,
+        "default_parse": default_parse,
+        "layout": layout,
         "max_new_tokens_limit": str(max_new_tokens_limit),
         "torch_threads": str(torch_threads),
         "model_cache_dir": str(Path(model_cache_dir).resolve()) if model_cache_dir else "",

@@ -31,8 +31,8 @@ page (see :mod:`components.curation.storage`), so a crash or a server outage los
 page and a re-run never redoes one.
 
 One module per backend (``rapidocr``, ``model`` for both engine-backed ones, ``paddle_server``, ``paddle_pipeline``), the
-layout model, reading order and code listings of the offline default in ``layout_model``,
-``reading_order`` and ``code_listing``, the shared record and markup cleanup in ``base``, the backend choice in ``factory``, the run in ``run``.
+code listings of the offline default in ``code_listing`` (its layout model and reading order are
+shared with two-stage parsing: :mod:`components.parsing`), the shared record and markup cleanup in ``base``, the backend choice in ``factory``, the run in ``run``.
 """
 
 from components.curation.preannotate.base import (

@@ -2,8 +2,11 @@
 
 Two backends share this code path: ``model`` (any supported folder: our DocVLM, a trained stage,
 a Hugging Face doc VLM) and ``paddleocr_vl_transformers`` (a PaddleOCR-VL folder, loaded natively by
-transformers, prompted with its ``OCR:`` task prompt). ``model_version`` is the family and a content
-hash of the weights, recorded on every pre-annotation.
+transformers). ``parse`` says how pages are read: ``page`` (one decode per page), ``elements``
+(layout, then every element's crop with its task prompt, as PaddleOCR-VL and MinerU2.5 were
+trained: the default for PaddleOCR-VL) or ``auto`` (as the folder was trained). In element mode the
+pre-annotation carries the element boxes, so annotators get them pre-drawn. ``model_version`` is
+the family and a content hash of the weights, recorded on every pre-annotation.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from dataclasses import dataclass
 from PIL import Image
 
 from components.curation.preannotate.base import PreAnnotation, strip_image_tokens
+from components.data.markup import ALL_CATEGORIES, parse_markup
+from components.data.pages import LayoutElement
+from components.parsing import ParseSettings, make_layout, read_pages, resolve_parse
 
 
 @dataclass
@@ -23,11 +29,14 @@ class ModelAnnotatorConfig:
     device: str = "cpu"
     model_version: str | None = None
     prompt: str | None = None  # a chat model's page instruction (None: the adapter's default)
+    parse: str = "auto"  # page | elements | auto (as the folder was trained)
+    layout: str = "rapid-layout"  # element mode's layout (components.parsing.layout)
 
 
 @dataclass
 class PaddleOCRVLTransformersConfig(ModelAnnotatorConfig):
-    prompt: str | None = "OCR:"  # PaddleOCR-VL's text-recognition task prompt
+    prompt: str | None = "OCR:"  # page mode's prompt: PaddleOCR-VL's text-recognition task prompt
+    parse: str = "elements"  # what the model was trained for: element crops with their task prompts
     family: str = "paddleocr_vl"  # the folder must be of this family
 
 
@@ -36,12 +45,15 @@ class ModelAnnotator:
 
     name = "model"
 
-    def __init__(self, engine, *, model_version: str = "model", decoder: str = "ar", max_new_tokens: int = 1024):
+    def __init__(self, engine, *, model_version: str = "model", decoder: str = "ar", max_new_tokens: int = 1024,
+                 parsing: ParseSettings | None = None):
         from components.decoding.types import DecodeParams
 
         self.engine = engine  # a DecodingEngine (or anything with its generate())
         self._model_version = model_version
         self.params = DecodeParams(decoder=decoder, max_new_tokens=max_new_tokens)
+        self.parsing = parsing or ParseSettings()
+        self._layout = make_layout(self.parsing.layout) if self.parsing.elements else None
 
     @classmethod
     def from_config(cls, settings: ModelAnnotatorConfig) -> ModelAnnotator:
@@ -58,17 +70,34 @@ class ModelAnnotator:
         engine = DecodingEngine.from_pretrained(settings.model_dir, device=settings.device, prompt=settings.prompt)
         # a content hash, not the folder name: every trained folder is called "model"
         version = settings.model_version or f"{family}:{model_fingerprint(settings.model_dir)}"
-        return cls(engine, model_version=version, decoder=settings.decoder, max_new_tokens=settings.max_new_tokens)
+        parsing = ParseSettings(resolve_parse(settings.parse, settings.model_dir), settings.layout)
+        return cls(engine, model_version=version, decoder=settings.decoder, max_new_tokens=settings.max_new_tokens,
+                   parsing=parsing)
 
     @property
     def model_version(self) -> str:
         return self._model_version
 
     def annotate(self, image: Image.Image, page_id: str) -> PreAnnotation:
-        [result] = self.engine.generate([image], self.params)
+        [result] = read_pages(self.engine, [image], self.params, self.parsing, layout=self._layout)
         stats = result.stats
-        return PreAnnotation(
-            strip_image_tokens(result.text), stats.mean_confidence, self.model_version, [],
-            {"new_tokens": stats.new_tokens, "forward_passes": stats.forward_passes, "seconds": round(stats.seconds, 4),
-             "truncated": result.truncated, "decoder": self.params.decoder, "confidence_source": "token_probability"},
-        )
+        extra = {"new_tokens": stats.new_tokens, "forward_passes": stats.forward_passes, "seconds": round(stats.seconds, 4),
+                 "truncated": result.truncated, "decoder": self.params.decoder, "confidence_source": "token_probability",
+                 "parse": self.parsing.mode}
+        elements = []
+        if result.parse is not None:
+            elements = [LayoutElement(_our_category(e.category), e.box, _content(e.markup)) for e in result.parse.elements]
+            failed = [e.error for e in result.parse.elements if e.error]
+            extra |= {"layout": self.parsing.layout, "reason": result.parse.reason, "failed_elements": len(failed)}
+        return PreAnnotation(strip_image_tokens(result.text), stats.mean_confidence, self.model_version, elements, extra)
+
+
+def _content(markup: str) -> str:
+    """An element's content without its markup wrapping (``# ``, ``$$``, fences), as page records keep it."""
+    blocks = parse_markup(markup)
+    return blocks[0].content if len(blocks) == 1 else markup
+
+
+def _our_category(category: str) -> str:
+    """A layout category in our vocabulary (a detector's caption or chart is text)."""
+    return category if category in ALL_CATEGORIES else "text"

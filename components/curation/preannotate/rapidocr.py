@@ -9,7 +9,7 @@ outside model regions and, with ``layout_model=None``, everything (the synthetic
 demo read as well either way). Code listings are found by their syntax
 (:mod:`~components.curation.preannotate.code_listing`) before any table or title rule, and
 two-column pages are read column by column
-(:mod:`~components.curation.preannotate.reading_order`).
+(:mod:`~components.parsing.reading_order`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from PIL import Image
 
 from components.curation.preannotate.base import PreAnnotation, strip_image_tokens
 from components.curation.preannotate.code_listing import fenced_text, listing_runs
-from components.curation.preannotate.layout_model import LayoutRegion, RapidLayoutModel
-from components.curation.preannotate.reading_order import find_gutter, reading_order, side
 from components.data.markup import BLOCK_CATEGORIES, MarkupBlock, render_markup
 from components.data.pages import LayoutElement, validate_image
+from components.parsing.layout import LayoutRegion, RapidLayoutModel
+from components.parsing.reading_order import find_gutter, reading_order, side
 
 
 @dataclass

@@ -9,12 +9,12 @@ indented blocks) is ordinary text.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image
 
-from components.curation.preannotate.base import BackendNotInstalledError
+from components.parsing.errors import LayoutNotInstalledError
+from components.parsing.layout.region import LayoutRegion, without_duplicates
 
 CDLA_TO_CATEGORY = {
     "text": "text", "reference": "text", "title": "title", "figure": "figure", "figure_caption": "caption",
@@ -22,26 +22,10 @@ CDLA_TO_CATEGORY = {
 }
 
 
-@dataclass(frozen=True)
-class LayoutRegion:
-    category: str  # one of CDLA_TO_CATEGORY's values
-    box: tuple[float, float, float, float]  # x0, y0, x1, y1 in image pixels
-    score: float
-
-    def contains(self, x: float, y: float, pad: float = 0.0) -> bool:
-        x0, y0, x1, y1 = self.box
-        return x0 - pad <= x <= x1 + pad and y0 - pad <= y <= y1 + pad
-
-    def covers(self, box: tuple[float, float, float, float], fraction: float = 0.6) -> bool:
-        """Whether at least ``fraction`` of ``box``'s area lies inside this region."""
-        width = min(self.box[2], box[2]) - max(self.box[0], box[0])
-        height = min(self.box[3], box[3]) - max(self.box[1], box[1])
-        area = max(1e-6, (box[2] - box[0]) * (box[3] - box[1]))
-        return width > 0 and height > 0 and width * height >= fraction * area
-
-
 class RapidLayoutModel:
-    """rapid-layout's CDLA detector, loaded on first use."""
+    """rapid-layout's CDLA detector, loaded on first use (a :class:`components.parsing.layout.Layout`)."""
+
+    name = "rapid-layout"
 
     def __init__(self, min_score: float = 0.5, threads: int | None = None):
         self.min_score = min_score
@@ -53,7 +37,7 @@ class RapidLayoutModel:
             try:
                 from rapid_layout import RapidLayout
             except ImportError as error:
-                raise BackendNotInstalledError(
+                raise LayoutNotInstalledError(
                     "the layout model needs rapid-layout (a project dependency; run ./run setup)") from error
             import logging
 
@@ -76,3 +60,8 @@ class RapidLayoutModel:
             if float(score) >= self.min_score
         ]
         return sorted(regions, key=lambda r: -r.score)
+
+    def detect(self, image: Image.Image, page=None) -> list[LayoutRegion]:
+        """The layout interface: the detected regions, overlapping duplicates of one block removed
+        (``page`` is not used)."""
+        return without_duplicates(self.regions(image))
