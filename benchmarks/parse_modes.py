@@ -9,15 +9,14 @@ rapid-layout's boxes. On every page all contenders run back to back in rotating 
 load hits them alike). Reported per contender: Overall (OmniDocBench), forwards per page, pages/s
 (median over repeats, min-max), and against page mode the pages/s ratio; the gap between
 ground-truth and rapid-layout boxes is split into recognition error (100 − Overall with
-ground-truth boxes) and layout error (ground-truth boxes − rapid-layout boxes).
+ground-truth boxes) and layout error (ground-truth boxes − rapid-layout boxes). The comparison
+itself is :mod:`components.evaluation.parse_modes` (the demo runs it too).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -26,79 +25,10 @@ from benchmarks.decoding import benchmark_pages, decoder_names, default_decoders
 from components.data.page_store import PageDataset
 from components.decoding.engine import DecodingEngine
 from components.evaluation.evaluate import assert_held_out
-from components.metrics import aggregate_scores, score_page
-from components.parsing import ParseSettings, make_layout, read_pages
+from components.evaluation.parse_modes import compare_parse_modes, table
 from components.services.process import VAR_DIR
 
 BENCH_SEED = 950_000
-
-
-def contenders(page_engine, element_engine, layouts: dict) -> dict:
-    """name -> (engine, settings, layout) for every mode compared."""
-    out = {"page": (page_engine, None, None)}
-    for name, layout in layouts.items():
-        out[f"elements/{name}"] = (element_engine, ParseSettings("elements", name), layout)
-    return out
-
-
-def run(page_engine, element_engine, dataset: PageDataset, decoders, repeats: int, layouts: list[str]) -> dict:
-    pages = list(dataset.pages())
-    images = [dataset.load_image(p) for p in pages]
-    built = {name: make_layout(name) for name in layouts}
-    report: dict = {"n_pages": len(pages), "repeats": repeats, "decoders": {}}
-    for params in decoders:
-        modes = contenders(page_engine, element_engine, built)
-        names = list(modes)
-        seconds = {name: [0.0] * repeats for name in names}
-        results: dict[str, list] = {name: [None] * len(pages) for name in names}
-        for repeat in range(repeats):
-            for index, (page, image) in enumerate(zip(pages, images, strict=True)):
-                shift = (index + repeat) % len(names)
-                for name in names[shift:] + names[:shift]:
-                    engine, settings, layout = modes[name]
-                    started = time.perf_counter()
-                    [result] = read_pages(engine, [image], params, settings, [page], layout)
-                    seconds[name][repeat] += time.perf_counter() - started
-                    results[name][index] = result
-        rows = {}
-        for name in names:
-            scores = aggregate_scores([score_page(r.text, p.markup) for r, p in zip(results[name], pages, strict=True)])
-            rates = [len(pages) / s for s in seconds[name]]
-            rows[name] = {
-                "overall": scores.overall, "text_edit": scores.text_edit, "table_teds": scores.table_teds,
-                "formula_edit": scores.formula_edit,
-                "forwards_per_page": statistics.mean(r.stats.forward_passes for r in results[name]),
-                "tokens_per_forward": (sum(r.stats.new_tokens for r in results[name])
-                                       / max(1, sum(r.stats.forward_passes for r in results[name]))),
-                "pages_per_second": statistics.median(rates), "pages_per_second_min": min(rates),
-                "pages_per_second_max": max(rates),
-                "elements_per_page": (statistics.mean(len(r.parse.decoded) for r in results[name])
-                                      if results[name][0].parse is not None else None),
-            }
-        for name, row in rows.items():
-            ratios = [p / e for p, e in zip(seconds["page"], seconds[name], strict=True)]
-            row["pages_per_second_vs_page"] = statistics.median(ratios)
-            row["vs_page_min"], row["vs_page_max"] = min(ratios), max(ratios)
-        if "elements/ground-truth" in rows and "elements/rapid-layout" in rows:
-            gt, detected = rows["elements/ground-truth"]["overall"], rows["elements/rapid-layout"]["overall"]
-            report.setdefault("error_split", {})[params.decoder] = {
-                "recognition_error": 100.0 - gt, "layout_error": gt - detected}
-        report["decoders"][params.decoder] = rows
-    return report
-
-
-def table(report: dict) -> str:
-    lines = ["| decoder | mode | Overall | forwards/page | tokens/forward | pages/s (min-max) | vs page |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    for decoder, rows in report["decoders"].items():
-        for name, r in rows.items():
-            lines.append(f"| {decoder} | {name} | {r['overall']:.2f} | {r['forwards_per_page']:.1f} | "
-                         f"{r['tokens_per_forward']:.2f} | {r['pages_per_second']:.2f} ({r['pages_per_second_min']:.2f}-"
-                         f"{r['pages_per_second_max']:.2f}) | {r['pages_per_second_vs_page']:.2f}x |")
-    for decoder, split in report.get("error_split", {}).items():
-        lines.append(f"\n{decoder}: recognition error {split['recognition_error']:.2f} points, "
-                     f"layout error {split['layout_error']:.2f} points")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,8 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     for model in (args.page_model, args.element_model):
         assert_held_out(model, dataset)
     decoders = default_decoders(args.max_new_tokens, 16, 0.95, 32, 16, decoder_names(args.decoders))
-    report = run(DecodingEngine.from_pretrained(args.page_model), DecodingEngine.from_pretrained(args.element_model),
-                 dataset, decoders, args.repeats, [name for name in args.layouts.split(",") if name])
+    pages = list(dataset.pages())
+    report = compare_parse_modes(DecodingEngine.from_pretrained(args.page_model),
+                                 DecodingEngine.from_pretrained(args.element_model), pages,
+                                 [dataset.load_image(p) for p in pages], decoders, args.repeats,
+                                 [name for name in args.layouts.split(",") if name])
     report |= {"page_model": str(args.page_model), "element_model": str(args.element_model),
                "threads": args.threads}
     print(table(report))

@@ -63,6 +63,11 @@ class MiningSection(_Strict):
     kind: Literal["page", "text", "table", "formula"] = "page"
     max_pages: int | None = Field(32, ge=1)
     max_new_tokens: int = Field(192, ge=8)
+    # "auto": as the mining model was trained. In element mode every element of a page gets its own
+    # C (TEDS for tables, edit similarity for text and formulas) over the T samples; the page's C(x) is
+    # their mean, and hard elements are marked on the page and in its Label Studio task.
+    parse: Literal["auto", "page", "elements"] = "auto"
+    layout: Literal["ground-truth", "rapid-layout"] = "ground-truth"
 
 
 class CurationSection(_Strict):
@@ -104,9 +109,10 @@ class TrainingSection(_Strict):
     @field_validator("stages")
     @classmethod
     def _known_stages(cls, stages: dict[str, StageSection]) -> dict[str, StageSection]:
-        unknown = set(stages) - {"stage1", "stage2", "darl"}
+        unknown = set(stages) - {"stage1", "stage2", "darl", "elements"}
         if unknown:
-            raise ValueError(f"unknown training stage(s) {sorted(unknown)}; stages are stage1, stage2, darl")
+            raise ValueError(f"unknown training stage(s) {sorted(unknown)}; stages are stage1, stage2, darl, elements "
+                             "(an element-mode model trained beside the chain from the same start)")
         if "stage1" not in stages:
             raise ValueError("training needs at least stage1")
         return stages

@@ -8,15 +8,18 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 
+from components.evaluation.workflow import parse_mode_comparison
 from deploy.workflow import replay_pages
 from flows._common import (
     DEFAULT_CONFIG,
     DEMO_CONFIG,
     SERVICE_TASK,
+    TASK_DEFAULTS,
     checked_config,
     flow_arguments,
     parse_overrides,
@@ -30,6 +33,7 @@ from flows.monitor import monitor
 from flows.train import train
 
 replay = task(replay_pages, name="replay-traffic", **SERVICE_TASK)
+compare_modes = task(parse_mode_comparison, name="compare-parse-modes", **TASK_DEFAULTS)
 
 
 @flow(name="retrain", log_prints=True)
@@ -41,6 +45,9 @@ def retrain(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = Non
     summary["train"] = train(config, overrides)
     summary["evaluate"] = evaluate(summary["train"]["model_dir"], config, overrides,
                                    training={"model_dir": summary["train"]["model_dir"]})
+    if summary["train"].get("element_model_dir"):  # page vs element mode, the same test pages
+        summary["parse_modes"] = compare_modes(cfg, Path(summary["train"]["model_dir"]),
+                                               Path(summary["train"]["element_model_dir"]))
     if cfg.deploy.enabled and (summary["evaluate"]["promoted"] or _has_champion(cfg)):
         summary["deploy"] = deploy(config, overrides)
         if replay_traffic:
@@ -79,6 +86,10 @@ def where_things_are(summary: dict) -> str:
         "            browse: ./run services start mlflow  ->  http://127.0.0.1:5000",
         _data_line(summary["train"].get("data_version")),
     ]
+    modes = summary.get("parse_modes")
+    if modes:
+        lines += ["", f"Page vs element mode ({modes['n_pages']} test pages; page model: the chain's, element model: "
+                  "trained on element crops from the same start):", modes["table"], ""]
     queue = summary["curate"].get("queue") or {}
     if queue.get("url"):
         lines.append(f"Label Studio {queue['url']}  (project {queue.get('project_id')}, "

@@ -53,6 +53,10 @@ def train(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None)
         summary["darl"] = result.summary
         model_dir = result.model_dir
 
+    if "elements" in cfg.training.stages:  # beside the chain: an element model from the same start
+        result = stage_task(cfg, "elements", dataset_dir=train_dir, data_version=data_version and data_version.md5)
+        summary["elements"] = result.summary
+        summary["element_model_dir"] = str(result.model_dir)
     summary["model_dir"] = str(model_dir)
     logger.info("training done: model %s", model_dir)
     return summary

@@ -95,6 +95,34 @@ def test_disagreeing_samples_are_hard_stored_and_exported(engine, tmp_path):
         assert exported.image_path(page).read_bytes() == dataset.image_path(page).read_bytes()
 
 
+def test_element_mining_scores_each_element_and_marks_the_hard_ones(engine, tmp_path):
+    """Two-stage models: a page's T parses are one engine batch of T x elements; each element gets
+    its own C, the page's C is their mean, and Stage 2 sees each element's own C."""
+    from components.parsing import ParseSettings
+    from components.training.data import load_examples
+
+    dataset = generate_dataset(tmp_path / "pages", 2, seed=50)
+    counting = CountingEngine(engine)
+    report = _mine(counting, dataset, parsing=ParseSettings("elements", "ground-truth"))
+    for page in dataset.pages():
+        body = [i for i, e in enumerate(page.elements) if e.category in ("title", "text", "table", "formula")]
+        scores = page.meta["element_consistency"]
+        assert len(scores) == len(page.elements)
+        assert [i for i, c in enumerate(scores) if c is not None] == body
+        assert page.meta["consistency"] == pytest.approx(sum(scores[i] for i in body) / len(body), abs=1e-5)
+        hard = page.meta["hard_elements"]
+        assert [e["index"] for e in hard] == [i for i in body if scores[i] < 0.9]
+        assert page.meta["hard"] == bool(hard)
+        assert all(e["box"] == [round(v, 1) for v in page.elements[e["index"]].bbox] for e in hard)
+    assert [rows for rows, _, _ in counting.calls] == [
+        T * sum(e.category in ("title", "text", "table", "formula") for e in p.elements) for p in dataset.pages()]
+    assert min(report.scores.values()) < 1.0
+    examples = load_examples(dataset.root, engine.tokenizer, 64, unit="element")
+    first = dataset.pages()[0]
+    expected = [c for c in first.meta["element_consistency"] if c is not None]
+    assert [e.consistency for e in examples if e.page_id == first.page_id] == pytest.approx(expected)
+
+
 def test_resume_skips_finished_pages_and_retau_only_relabels(engine, tmp_path):
     dataset = generate_dataset(tmp_path / "pages", 3, seed=40)
     first = _mine(CountingEngine(engine), dataset)
@@ -194,3 +222,16 @@ def test_splits_never_move_a_page_and_keep_documents_together(tmp_path):
         make_splits(dataset, {"train": 0.5, "holdout": 0.5})
     rebuilt = make_splits(dataset, {"train": 0.5, "holdout": 0.5}, reassign=True)
     assert set(rebuilt.assignments.values()) <= {"train", "holdout"}
+
+
+def test_a_hard_element_is_marked_on_its_label_studio_region():
+    from components.curation.labelstudio import LAYOUT_FIELD, PagePrediction, block_regions
+    from components.data.pages import LayoutElement, Page
+
+    page = Page("p", "p.png", 100, 200)
+    elements = (LayoutElement("text", (0, 0, 50, 20), "a"), LayoutElement("table", (0, 40, 100, 120), "<table></table>"))
+    regions = block_regions(PagePrediction("p", "a", 0.4, elements, (None, 0.42)), page)
+    rectangles = [r for r in regions if r["from_name"] == LAYOUT_FIELD]
+    assert "meta" not in rectangles[0] and "score" not in rectangles[0]
+    assert rectangles[1]["score"] == 0.42 and rectangles[1]["meta"]["text"] == ["hard element: consistency 0.42"]
+    assert rectangles[1]["value"]["y"] == 20.0 and rectangles[1]["value"]["height"] == 40.0

@@ -138,6 +138,8 @@ class PagePrediction:
     markup: str
     confidence: float
     elements: tuple[LayoutElement, ...] = ()
+    # per element: its consistency C when mining found it hard (shown on its region), else None
+    hard_consistency: tuple[float | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -325,8 +327,12 @@ def block_regions(pred: PagePrediction, page: Page) -> list[dict]:
                "height": 100 * (y1 - y0) / height, "rotation": 0}
         common = {"id": f"b{index}", "to_name": IMAGE_FIELD, "original_width": page.width,
                   "original_height": page.height, "image_rotation": 0}
-        results.append({**common, "from_name": LAYOUT_FIELD, "type": "rectanglelabels",
-                         "value": {**box, "rectanglelabels": [element.category]}})
+        rectangle = {**common, "from_name": LAYOUT_FIELD, "type": "rectanglelabels",
+                     "value": {**box, "rectanglelabels": [element.category]}}
+        hard = pred.hard_consistency[index] if index < len(pred.hard_consistency) else None
+        if hard is not None:  # consistency mining found this element hard: say so on its region
+            rectangle |= {"score": float(hard), "meta": {"text": [f"hard element: consistency {hard:.2f}"]}}
+        results.append(rectangle)
         results.append({**common, "from_name": TRANSCRIPTION_FIELD, "type": "textarea",
                         "value": {**box, "text": [element.content]}})
     return results

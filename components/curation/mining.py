@@ -8,6 +8,13 @@ block-matched mix of those for whole pages). Pages with C(x) < τ_train are *har
 Label Studio for correction. C(x) stays on the page (``meta["consistency"]``) so the Stage-2
 data loader can weight a page by 1 + β(1 − C).
 
+With element parsing (``parsing.mode == "elements"``: two-stage models) the T samples of a page
+are T parses of it, all their elements one engine batch; each element gets its own C over its T
+readings, with its category's similarity (TEDS for tables, edit for text and formulas). The
+page's C(x) is the mean over its elements; ``meta["hard_elements"]`` lists the elements under
+τ_train (box, category, C) and, with the page's own boxes as layout, ``meta["element_consistency"]``
+is aligned with ``page.elements`` so Stage 2 weights each element by its own C.
+
 Each page's seed is derived from its id, so a page's samples do not depend on the order of
 pages or on where a previous run stopped. Finished pages are journaled
 (``consistency.journal.jsonl``) and folded into the manifest atomically; a re-run with the same
@@ -30,6 +37,8 @@ from components.data.page_store import HARD, PageDataset
 from components.data.pages import InvalidPageError, Page
 from components.decoding.types import DecodeParams
 from components.metrics.consistency import CONSISTENCY_KINDS, pairwise_consistency
+from components.parsing import ParseSettings, make_layout, parse_pages
+from components.parsing.assembly import recognition_category
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +81,11 @@ def _fold(dataset: PageDataset, journal: Journal, tau_train: float) -> None:
         record = latest[page.page_id]
         meta = {**page.meta, "consistency": record["consistency"], "hard": record["consistency"] < tau_train,
                 "consistency_run": {**record["settings"], "tau_train": tau_train, "mined_at": record["mined_at"]}}
+        if "elements" in record:  # element mining: which elements are hard, at this tau
+            meta["hard_elements"] = [e for e in record["elements"] if e["consistency"] < tau_train]
+            meta["hard"] = bool(meta["hard_elements"])
+            if record.get("aligned"):
+                meta["element_consistency"] = record["element_consistency"]
         if meta != page.meta:
             changed.append(replace(page, meta=meta))
     if changed:
@@ -96,6 +110,7 @@ def mine_consistency(
     flush_every: int = 25,
     keep_samples: bool = False,
     journal_name: str | None = None,
+    parsing: ParseSettings | None = None,
 ) -> MiningReport:
     """Score every page's consistency C(x) and flag pages under ``tau_train`` as hard.
 
@@ -118,6 +133,10 @@ def mine_consistency(
 
     settings = {"T": T, "temperature": temperature, "top_k": top_k, "kind": kind, "seed": seed, "decoder": decoder,
                 "max_new_tokens": max_new_tokens, "model_version": model_version}
+    by_element = parsing is not None and parsing.elements
+    layout = make_layout(parsing.layout) if by_element else None
+    if by_element:
+        settings |= {"parse": "elements", "layout": parsing.layout}
     key = _settings_key(settings)
     journal = Journal(dataset.root / (journal_name or JOURNAL_NAME))
     journal.repair()
@@ -142,13 +161,26 @@ def mine_consistency(
                 continue
             params = DecodeParams(decoder=decoder, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                                   seed=page_seed(seed, page.page_id))
-            results = engine.generate([image] * T, params)
-            report.engine_calls += 1
-            outputs = [result.text for result in results]
-            consistency = float(pairwise_consistency(outputs, kind))
-            record = {"page_id": page.page_id, "status": "done", "consistency": round(consistency, 6),
-                      "settings": settings, "settings_key": key,
+            record = {"page_id": page.page_id, "status": "done", "settings": settings, "settings_key": key,
                       "mined_at": datetime.now(UTC).isoformat(timespec="seconds")}
+            if by_element:
+                parses = parse_pages([image] * T, engine, layout, params, [page] * T, prompt_style=parsing.prompt_style)
+                report.engine_calls += 1
+                outputs = [parse.markup for parse in parses]
+                scored = element_consistency(parses)
+                if not scored:
+                    report.failed[page.page_id] = parses[0].reason or "no element could be read"
+                    continue
+                consistency = sum(e["consistency"] for e in scored) / len(scored)
+                per_element = {e["index"]: e["consistency"] for e in scored}
+                record |= {"elements": scored, "aligned": parsing.layout == "ground-truth",
+                           "element_consistency": [per_element.get(i) for i in range(len(parses[0].elements))]}
+            else:
+                results = engine.generate([image] * T, params)
+                report.engine_calls += 1
+                outputs = [result.text for result in results]
+                consistency = float(pairwise_consistency(outputs, kind))
+            record["consistency"] = round(consistency, 6)
             if keep_samples:
                 record["samples"] = outputs
             journal.append(record)
@@ -163,6 +195,22 @@ def mine_consistency(
         report.seconds = time.perf_counter() - started
     report.hard = sorted((pid for pid, c in report.scores.items() if c < tau_train), key=lambda pid: (report.scores[pid], pid))
     return report
+
+
+def element_consistency(parses: list) -> list[dict]:
+    """Per element read in every sample: its index, box, category and C over the T readings."""
+    first = parses[0]
+    scored = []
+    for index, element in enumerate(first.elements):
+        readings = [parse.elements[index] for parse in parses]
+        if any(r.stats is None for r in readings):
+            continue  # skipped (layout-only, blank) or failed in some sample
+        category = recognition_category(element.category) or "text"
+        kind = category if category in ("table", "formula") else "text"
+        value = float(pairwise_consistency([r.markup for r in readings], kind))
+        scored.append({"index": index, "box": [round(v, 1) for v in element.box], "category": element.category,
+                       "consistency": round(value, 6)})
+    return scored
 
 
 def hard_example_ids(dataset: PageDataset) -> list[str]:

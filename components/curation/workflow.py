@@ -25,8 +25,12 @@ from components.curation.preannotate import PreAnnotation, make_preannotator, pr
 from components.curation.splits import make_splits
 from components.curation.targets import TargetReport, page_with_target
 from components.data.page_store import PREANNOTATED, PageDataset
+from components.data.pages import LayoutElement
 from components.data.synthetic import SyntheticConfig, generate_page
 from components.data.versioning import DataVersion, DataVersioner
+from components.decoding.types import DecodeParams
+from components.parsing import ParseSettings, read_pages, resolve_parse
+from components.parsing.assembly import element_content, recognition_category
 from components.pipeline import PipelineConfig
 
 logger = logging.getLogger(__name__)
@@ -255,6 +259,12 @@ def mining_units(cfg: PipelineConfig) -> list[dict]:
     return PageDataset(cfg.split_dir("train")).shard_units(cfg.curation.mining.max_pages)
 
 
+def mining_parse(cfg: PipelineConfig, model_dir) -> ParseSettings:
+    """How the mining model reads pages (``curation.mining.parse``; "auto": as it was trained)."""
+    section = cfg.curation.mining
+    return ParseSettings(resolve_parse(section.parse, model_dir), section.layout)
+
+
 def mine_shard(cfg: PipelineConfig, model_dir, model_version: str, unit: dict) -> dict:
     """C(x) for the training pages of one store shard under the given model (its own journal, so
     shards mine in parallel tasks and each resumes on its own)."""
@@ -267,6 +277,7 @@ def mine_shard(cfg: PipelineConfig, model_dir, model_version: str, unit: dict) -
         tau_train=section.tau_train, kind=section.kind, max_new_tokens=section.max_new_tokens,
         model_version=model_version, page_ids=train.unit_page_ids(unit),
         journal_name=f"consistency-{unit['shard'].removesuffix('.parquet')}.journal.jsonl",
+        parsing=mining_parse(cfg, model_dir),
     )
     return {"shard": unit["shard"], "mined": len(report.mined), "skipped": len(report.skipped), "hard": len(report.hard),
             "scores": report.scores, "seconds": round(report.seconds, 1)}
@@ -277,15 +288,24 @@ def collect_hard_examples(cfg: PipelineConfig, model_dir, shard_reports: list[di
     greedy markup as the prediction an annotator starts from, with C(x) as its confidence (least
     consistent first in the queue)."""
     from components.decoding.engine import DecodingEngine
-    from components.decoding.types import DecodeParams
 
     section = cfg.curation.mining
     hard = write_hard_examples(PageDataset(cfg.split_dir("train")), cfg.hard_dir)
     engine = DecodingEngine.from_pretrained(model_dir)
+    parsing = mining_parse(cfg, model_dir)
     predictions = []
     for page in hard.iter_pages():
-        [result] = engine.generate([hard.load_image(page)], DecodeParams(max_new_tokens=section.max_new_tokens))
-        predictions.append(PagePrediction(page.page_id, result.text, float(page.meta.get("consistency", 0.0))))
+        [result] = read_pages(engine, [hard.load_image(page)], DecodeParams(max_new_tokens=section.max_new_tokens),
+                              parsing, [page])
+        elements, notes = (), ()
+        if result.parse is not None:  # element mode: the elements pre-drawn, the hard ones marked
+            hard_boxes = {tuple(e["box"]): e["consistency"] for e in page.meta.get("hard_elements", [])}
+            decoded = [e for e in result.parse.elements if e.stats is not None]
+            elements = tuple(LayoutElement(recognition_category(e.category) or "text", e.box, element_content(e.markup))
+                             for e in decoded)
+            notes = tuple(hard_boxes.get(tuple(round(v, 1) for v in e.box)) for e in decoded)
+        predictions.append(PagePrediction(page.page_id, result.text, float(page.meta.get("consistency", 0.0)),
+                                          elements, notes))
     scores = [c for report in shard_reports for c in report["scores"].values()]
     summary = {"shards": len(shard_reports), "mined": sum(r["mined"] for r in shard_reports),
                "skipped": sum(r["skipped"] for r in shard_reports), "hard": sum(r["hard"] for r in shard_reports),

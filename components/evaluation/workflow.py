@@ -157,6 +157,28 @@ def baseline_metrics(cfg: PipelineConfig, report: EvaluationReport, decoder: str
     return label, {key: value for key, value in baseline.flat_metrics().items() if key.startswith(f"{decoder}.")}
 
 
+def parse_mode_comparison(cfg: PipelineConfig, page_model_dir: Path, element_model_dir: Path) -> dict:
+    """The chain's page model beside the element model trained from the same start, on the same
+    test pages, AR and SDB, interleaved (:mod:`components.evaluation.parse_modes`)."""
+    from components.evaluation.parse_modes import compare_parse_modes, table
+
+    dataset = PageDataset(cfg.evaluation_dir)
+    for folder in (page_model_dir, element_model_dir):
+        assert_held_out(folder, dataset)
+    pages = [page for page in dataset.iter_pages(page_ids=dataset.ids(limit=cfg.evaluation.max_pages))
+             if page.markup.strip()]
+    budget = cfg.evaluation.max_new_tokens
+    if budget == "auto":
+        budget = token_budget(DecodingEngine.from_pretrained(page_model_dir), pages).max_new_tokens
+    decoders = [DecodeParams(decoder=name, max_new_tokens=budget, threshold=cfg.evaluation.threshold,
+                             window=cfg.evaluation.window) for name in ("ar", "sdb")]
+    report = compare_parse_modes(DecodingEngine.from_pretrained(page_model_dir),
+                                 DecodingEngine.from_pretrained(element_model_dir), pages,
+                                 [dataset.load_image(p) for p in pages], decoders)
+    return {**report, "table": table(report), "page_model": str(page_model_dir),
+            "element_model": str(element_model_dir)}
+
+
 def drift_reference_of(model_name: str, alias: str = registry.CHAMPION_ALIAS) -> Path:
     """The drift reference saved by the evaluation that produced the alias holder."""
     holder = registry.champion(model_name, alias)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
-from components.data.markup import BLOCK_CATEGORIES, LAYOUT_ONLY_CATEGORIES, render_block
+from components.data.markup import BLOCK_CATEGORIES, LAYOUT_ONLY_CATEGORIES, parse_markup, render_block
 from components.parsing.reading_order import HasBox, find_gutter, reading_order
 
 T = TypeVar("T", bound=HasBox)
@@ -40,6 +40,13 @@ def element_markup(category: str, text: str, native: bool = True) -> str:
     if category == "title" and not text.startswith("#"):
         return render_block("title", text)
     return text
+
+
+def element_content(markup: str) -> str:
+    """An element's content without its markup wrapping (``# ``, ``$$``, fences), as page records
+    and annotation regions keep it."""
+    blocks = parse_markup(markup)
+    return blocks[0].content if len(blocks) == 1 else markup
 
 
 def order_elements(elements: Sequence[T], page_width: float, detected: bool) -> list[T]:

@@ -134,7 +134,7 @@ def parse_pages(
     """Parse pages: layout per page, then every element of every page as one engine batch."""
     params = params or DecodeParams()
     pages = pages or [None] * len(images)
-    style = style_for_model(engine.model, prompt_style)
+    style = style_for_model(getattr(engine, "model", None), prompt_style)
     parses: list[PageParse] = []
     jobs: list[tuple[ParsedElement, Image.Image, str | None]] = []
     for image, page in zip(images, pages, strict=True):
@@ -184,13 +184,14 @@ def _decode(engine, jobs, params: DecodeParams, style: str) -> list[DecodeResult
     crops = [image for _, image, _ in jobs]
     prompts = [prompt for _, _, prompt in jobs] if style != "none" else None
     try:
-        return engine.generate(crops, params, prompts=prompts)
+        return engine.generate(crops, params, prompts=prompts) if prompts else engine.generate(crops, params)
     except Exception as batch_error:
         logger.warning("element batch failed (%s); decoding its %d elements one by one", batch_error, len(crops))
     outcomes: list[DecodeResult | Exception] = []
     for i, crop in enumerate(crops):
         try:
-            [result] = engine.generate([crop], params, prompts=None if prompts is None else [prompts[i]])
+            [result] = (engine.generate([crop], params, prompts=[prompts[i]]) if prompts
+                        else engine.generate([crop], params))
             outcomes.append(result)
         except Exception as error:
             outcomes.append(error)

@@ -197,7 +197,8 @@ class ShardedExamples(Sequence[Example]):
             page_value = page.meta.get("consistency")
             per_element = page.meta.get("element_consistency")
             for index, category, target in kept:
-                value = per_element[index] if per_element and index < len(per_element) else page_value
+                own = per_element[index] if per_element and index < len(per_element) else None
+                value = page_value if own is None else own
                 if value is not None and not 0.0 <= float(value) <= 1.0:
                     raise InvalidPageError(f"page {page.page_id} has consistency {value}; expected a value in [0, 1]")
                 tokens, ok = encode_markup(self.tokenizer, target, self.max_tokens)

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from PIL import Image
 
 from components.curation.preannotate.base import PreAnnotation, strip_image_tokens
-from components.data.markup import ALL_CATEGORIES, parse_markup
+from components.data.markup import ALL_CATEGORIES
 from components.data.pages import LayoutElement
 from components.parsing import ParseSettings, make_layout, read_pages, resolve_parse
+from components.parsing.assembly import element_content
 
 
 @dataclass
@@ -86,16 +87,10 @@ class ModelAnnotator:
                  "parse": self.parsing.mode}
         elements = []
         if result.parse is not None:
-            elements = [LayoutElement(_our_category(e.category), e.box, _content(e.markup)) for e in result.parse.elements]
+            elements = [LayoutElement(_our_category(e.category), e.box, element_content(e.markup)) for e in result.parse.elements]
             failed = [e.error for e in result.parse.elements if e.error]
             extra |= {"layout": self.parsing.layout, "reason": result.parse.reason, "failed_elements": len(failed)}
         return PreAnnotation(strip_image_tokens(result.text), stats.mean_confidence, self.model_version, elements, extra)
-
-
-def _content(markup: str) -> str:
-    """An element's content without its markup wrapping (``# ``, ``$$``, fences), as page records keep it."""
-    blocks = parse_markup(markup)
-    return blocks[0].content if len(blocks) == 1 else markup
 
 
 def _our_category(category: str) -> str:
