@@ -358,6 +358,14 @@ def test_server_sampling_streaming_and_errors(markup_server):
     assert "".join(c["delta"].get("content", "") for c in chunks) == whole
     assert chunks[-1]["finish_reason"] in ("stop", "length")
 
+    # parse: elements runs the layout on the server and decodes every element; the elements come back too
+    parsed = requests.post(f"{url}/v1/chat/completions", json={**greedy, "parse": "elements"}, timeout=60).json()
+    elements = parsed["choices"][0]["elements"]
+    assert elements and all(len(e["box"]) == 4 for e in elements)
+    assert parsed["choices"][0]["message"]["content"] == "\n\n".join(e["markup"] for e in elements if e["markup"].strip())
+    bad_mode = requests.post(f"{url}/v1/chat/completions", json={**greedy, "parse": "columns"}, timeout=10)
+    assert bad_mode.status_code == 400 and "`parse` must be one of" in bad_mode.json()["error"]["message"]
+
     wrong_model = requests.post(f"{url}/v1/chat/completions", json={**greedy, "model": "gpt-4o"}, timeout=10)
     assert wrong_model.status_code == 404 and "tiny-docvlm" in wrong_model.json()["error"]["message"]
     broken = [{"role": "user", "content": [{"type": "image_url", "image_url": {

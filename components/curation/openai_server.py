@@ -11,7 +11,9 @@ backend, ``paddleocr``'s ``vllm-server`` client, the ``openai`` SDK) can then us
   (n samples of one page in one batched decode), ``logprobs`` (per-token log probability of the
   chosen token; ``top_logprobs`` lists stay empty), ``stream`` (server-sent events), and the
   extensions ``decoder`` (``ar``/``sdb``/``block``/``ppc``), ``window``, ``block_length``,
-  ``threshold``, ``span``.
+  ``threshold``, ``span``, and ``parse`` (``page``, or ``elements``: two-stage parsing with the
+  layout run here; each choice then also carries ``elements``, every element's box, category,
+  markup and confidence). Streaming reads whole pages.
 
 Decodes run one request at a time through the shared :class:`DecodingEngine` (a lock keeps
 the model single-threaded). Errors come back in OpenAI's ``{"error": {...}}`` shape.
@@ -40,6 +42,7 @@ from starlette.concurrency import run_in_threadpool
 
 from components.data.pages import InvalidPageError, load_image
 from components.decoding.types import DECODERS, DecodeParams
+from components.parsing import PARSE_MODES, ParseSettings, make_layout, read_pages
 from components.services.process import LOOPBACK, ManagedService, free_port, http_ok
 
 DEFAULT_MAX_TOKENS = 1024
@@ -136,9 +139,11 @@ def decode_params_from_request(body: dict) -> tuple[DecodeParams, int]:
 class MarkupChatServer:
     """The engine plus the request handling, independent of the web framework for testing."""
 
-    def __init__(self, engine, model_name: str):
+    def __init__(self, engine, model_name: str, layout: str = "rapid-layout"):
         self.engine = engine
         self.model_name = model_name
+        self.parsing = ParseSettings("elements", layout)
+        self._layout = None  # built on the first element-mode request
         self.created = int(time.time())
         self._lock = threading.Lock()
 
@@ -165,8 +170,15 @@ class MarkupChatServer:
         self._check_model(body)
         params, n = decode_params_from_request(body)
         image = extract_page_image(body.get("messages"))
+        mode = body.get("parse", "page")
+        if mode not in PARSE_MODES:
+            raise RequestError(f"`parse` must be one of {list(PARSE_MODES)}, got {mode!r}")
         with self._lock:
-            results = self.engine.generate([image] * n, params)
+            if mode == "elements":
+                self._layout = self._layout or make_layout(self.parsing.layout)
+                results = read_pages(self.engine, [image] * n, params, self.parsing, layout=self._layout)
+            else:
+                results = self.engine.generate([image] * n, params)
         eos = self.engine.ids.eos
         choices, completion_tokens = [], 0
         for index, result in enumerate(results):
@@ -175,6 +187,8 @@ class MarkupChatServer:
             choice = {"index": index, "message": {"role": "assistant", "content": result.text},
                       "finish_reason": "length" if result.truncated else "stop"}
             choice["logprobs"] = self._logprobs(token_ids, result.confidences) if body.get("logprobs") else None
+            if result.parse is not None:
+                choice["elements"] = result.parse.as_dict()["elements"]
             choices.append(choice)
         prompt_tokens = int(getattr(self.engine.model, "num_prefix_tokens", 0) or 0)
         return {
@@ -188,6 +202,8 @@ class MarkupChatServer:
         """Server-sent events in the OpenAI ``chat.completion.chunk`` format; validation runs first."""
         self._check_model(body)
         params, n = decode_params_from_request(body)
+        if body.get("parse", "page") != "page":
+            raise RequestError("`parse: elements` is served without `stream` (elements come back whole)")
         image = extract_page_image(body.get("messages"))
         completion_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         want_logprobs = bool(body.get("logprobs"))
