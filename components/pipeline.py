@@ -94,6 +94,11 @@ class TrainingSection(_Strict):
     rdzv_endpoint: str | None = None  # host:port, for launcher torchrun
     hostfile: str | None = None  # "host slots=N" lines, for launcher deepspeed
     stages: dict[str, StageSection]
+    # After each stage its output and its input are read (greedy AR) on the same held-out pages; a
+    # stage that ends below its input is reported, and with keep_better the chain goes on from the input.
+    check_pages: int = Field(16, ge=0)  # 0: no check
+    check_split: Literal["val", "test"] = "val"
+    keep_better: bool = True
 
     @model_validator(mode="after")
     def _multi_node_needs_a_meeting_point(self) -> TrainingSection:

@@ -86,6 +86,7 @@ def where_things_are(summary: dict) -> str:
         "            browse: ./run services start mlflow  ->  http://127.0.0.1:5000",
         _data_line(summary["train"].get("data_version")),
     ]
+    lines += stage_lines(summary["train"].get("stage_checks") or [])
     modes = summary.get("parse_modes")
     if modes:
         lines += ["", f"Page vs element mode ({modes['n_pages']} test pages; page model: the chain's, element model: "
@@ -111,6 +112,18 @@ def where_things_are(summary: dict) -> str:
         lines.append(f"Prefect     {summary['prefect_ui']}  (flow runs of this life cycle)")
     lines += ["Stop services: ./run services stop --all", "=" * 78]
     return "\n".join(lines)
+
+
+def stage_lines(checks: list[dict]) -> list[str]:
+    """Start -> each stage, AR Overall on the same validation pages, and which model the chain kept."""
+    if not checks:
+        return []
+    lines = ["", f"Stages (greedy AR Overall, the same {checks[0]['pages']} validation pages):",
+             f"  start         {checks[0]['input_overall']:.2f}  {checks[0]['input_model']}"]
+    for check in checks:
+        kept = "kept" if check["kept"] == check["output_model"] else "BELOW its input: the chain went on from the input"
+        lines.append(f"  {check['stage']:<13} {check['output_overall']:.2f}  ({kept})")
+    return lines
 
 
 def baseline_lines(evaluation: dict) -> list[str]:

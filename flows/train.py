@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task, unmapped
 
 from components.curation import workflow as curation
 from components.data.page_store import PageDataset
-from components.training.stages import run_stage
+from components.evaluation.stage_check import check_stage
+from components.training.stages import run_stage, starting_checkpoint
 from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve, run_flow_cli
 
 stage_task = task(run_stage, name="train-stage", **TASK_DEFAULTS)
@@ -16,6 +18,17 @@ mine_shard = task(curation.mine_shard, name="mine-shard", **TASK_DEFAULTS)
 collect_hard = task(curation.collect_hard_examples, name="collect-hard-examples", **TASK_DEFAULTS)
 queue = task(curation.queue_for_annotation, name="queue-hard-examples", **SERVICE_TASK)
 version = task(curation.version_data, name="dvc-version", **TASK_DEFAULTS)
+check_task = task(check_stage, name="check-stage", **TASK_DEFAULTS)
+
+
+def _continue_from(cfg, stage: str, input_model, output_model, summary: dict):
+    """The model the chain goes on from: the stage's output, or its input when the stage ended
+    below it (``training.keep_better``); the check lands in the summary either way."""
+    if input_model is None or cfg.training.check_pages == 0:
+        return output_model
+    check = check_task(cfg, stage, input_model, output_model)
+    summary.setdefault("stage_checks", []).append(check.as_dict())
+    return Path(check.kept)
 
 
 @flow(name="train", log_prints=True)
@@ -32,7 +45,8 @@ def train(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None)
 
     result = stage_task(cfg, "stage1", dataset_dir=train_dir, data_version=md5)
     summary["stage1"] = result.summary
-    model_dir = result.model_dir
+    summary["start_model"] = str(starting_checkpoint(cfg) or "")
+    model_dir = _continue_from(cfg, "stage1", starting_checkpoint(cfg), result.model_dir, summary)
 
     if "stage2" in cfg.training.stages:
         units = curation.mining_units(cfg)  # one per shard of the training split's store
@@ -46,12 +60,12 @@ def train(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None)
         result = stage_task(cfg, "stage2", dataset_dir=train_dir, init_from=model_dir, hard_dir=hard_dir,
                             data_version=data_version.md5)
         summary["stage2"] = result.summary
-        model_dir = result.model_dir
+        model_dir = _continue_from(cfg, "stage2", model_dir, result.model_dir, summary)
 
     if "darl" in cfg.training.stages:
         result = stage_task(cfg, "darl", dataset_dir=train_dir, init_from=model_dir, data_version=data_version and data_version.md5)
         summary["darl"] = result.summary
-        model_dir = result.model_dir
+        model_dir = _continue_from(cfg, "darl", model_dir, result.model_dir, summary)
 
     if "elements" in cfg.training.stages:  # beside the chain: an element model from the same start
         result = stage_task(cfg, "elements", dataset_dir=train_dir, data_version=data_version and data_version.md5)

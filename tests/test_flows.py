@@ -181,3 +181,22 @@ def test_every_flow_takes_its_config_as_dash_dash_config(flow_name, tmp_path):
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().startswith("config error:") and "synthetic_pages" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_stage_that_ends_below_its_input_is_reported_and_the_chain_keeps_the_input(tmp_path, curation_model_dir):
+    """The shipped base against an untrained model on the same validation pages: the untrained
+    "stage output" is below, so the chain continues from the base; the other way round it is kept."""
+    from components.data.synthetic import generate_dataset
+    from components.evaluation.stage_check import check_stage
+
+    base = Path(__file__).resolve().parents[1] / "models" / "pretrained" / "docmarkup-base"
+    cfg = load_pipeline_config(_pipeline_yaml(tmp_path, training={
+        "stages": {"stage1": {"config": "configs/train/stage1.yaml"}}, "check_pages": 3}))
+    generate_dataset(cfg.split_dir("val"), 3, seed=970_000)
+    worse = check_stage(cfg, "stage1", base, curation_model_dir)
+    assert worse.below and worse.kept == str(base) and worse.output_overall < worse.input_overall
+    assert worse.pages == 3 and "ENDED BELOW" in worse.line()
+    better = check_stage(cfg, "stage2", curation_model_dir, base)
+    assert not better.below and better.kept == str(base)
+    cfg.training.keep_better = False
+    assert check_stage(cfg, "stage1", base, curation_model_dir).kept == str(curation_model_dir)
