@@ -16,7 +16,7 @@ same held-out pages greedily with AR and with SDB (the row's window):
 | ``edit`` | the full method with an edit-distance reward instead of LCP |
 | ``w8``, ``w24``, ``w32`` | the full method with windows 8 / 24 / 32 (the others use 16) |
 
-Every DARL row keeps the AR term at 0.5 as ``configs/train/darl.yaml`` does. Columns: SDB
+Every DARL row keeps the AR term at 0.5 (the weight these rows were measured with; ``configs/train/darl.yaml`` now uses 1.0). Columns: SDB
 forwards/page, tokens per forward, SDB's forward reduction against AR, whether SDB's output equals
 AR's, Overall / text edit / TEDS of the greedy output, and from the last quarter of training the
 fraction of candidate groups with no preference (all rewards equal) and the greedy candidate's
