@@ -129,7 +129,7 @@ def test_darl_fine_tune_runs_through_deepspeed(uninterrupted, workspace):
         assert key in record, key
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in result.history)
     assert 0.0 <= record["reward_r1"] <= 1.0 and 0.0 <= record["reward_r2"] <= 1.0
-    assert json.loads((result.model_dir / "training_meta.json").read_text())["objectives"] == {"darl": 1.0, "ar": 0.5}
+    assert json.loads((result.model_dir / "training_meta.json").read_text())["objectives"] == {"darl": 1.0, "ar": 1.0}
 
 
 def test_stage2_mixes_weighted_hard_pages(uninterrupted, workspace):
