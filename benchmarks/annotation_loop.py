@@ -100,7 +100,7 @@ def retrain(model_dir: Path, annotated: Path, out: Path, seed: int, args) -> Pat
         "data.dataset": str(replay_store(args).root), "data.hard_examples": str(annotated), "data.hard_ratio": 0.5,
         "data.consistency_beta": 0.0, "train.steps": args.steps, "train.micro_batch_size": 8,
         "train.save_every": None, "train.progress": False, "optim.lr": args.lr, "optim.warmup_steps": 5,
-        "mlflow.enabled": False, "deepspeed": "configs/deepspeed/zero0.json",
+        "mlflow.enabled": False, "deepspeed": "configs/deepspeed/zero0.json", "train.threads": args.threads,
     })
     return run_training(config).model_dir
 
@@ -186,11 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--base", type=Path, default=BASE_MODEL)
     parser.add_argument("--mlflow", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "var" / "bench" / "annotation_loop")
     args = parser.parse_args(argv)
     if args.rounds * args.budget > args.pool:
         parser.error(f"{args.rounds} rounds x {args.budget} pages need a pool of at least {args.rounds * args.budget}")
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     eval_store = make_store(args.out / f"eval-{args.eval_pages}", args.eval_pages, EVAL_SEED)
