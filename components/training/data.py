@@ -169,52 +169,49 @@ class ShardedExamples(Sequence[Example]):
     def _tokenise(self, shard: ShardInfo) -> dict:
         pages = self.store.shard_pages(shard)
         if self.unit == "element":
-            return self._tokenise_elements(pages)
-        ids, lengths, finished, consistency = [], [], [], []
+            return self._encode(*self._element_units(pages))
+        return self._encode([self._page_unit(page) for page in pages])
+
+    def _page_unit(self, page: Page) -> tuple[Page, str, object, int | None, str | None]:
+        """(page, target markup, C(x), element index, category) of a whole-page example."""
+        if not page.markup.strip():
+            raise InvalidPageError(f"page {page.page_id} in {self.store.root} has empty markup; curation should drop it")
+        return page, page.markup, page.meta.get("consistency"), None, None
+
+    @staticmethod
+    def _element_units(pages: list[Page]) -> tuple[list[tuple[Page, str, object, int | None, str | None]], int]:
+        """One unit per trainable element (its own C where mining gave one, else the page's), and
+        how many elements were dropped."""
+        units, dropped = [], 0
         for page in pages:
-            markup = page.markup
-            if not markup.strip():
-                raise InvalidPageError(f"page {page.page_id} in {self.store.root} has empty markup; curation should drop it")
-            value = page.meta.get("consistency")
+            kept, lost = element_targets(page)
+            dropped += lost
+            per_element = page.meta.get("element_consistency")
+            for index, category, target in kept:
+                own = per_element[index] if per_element and index < len(per_element) else None
+                units.append((page, target, page.meta.get("consistency") if own is None else own, index, category))
+        return units, dropped
+
+    def _encode(self, units: list[tuple[Page, str, object, int | None, str | None]], dropped: int | None = None) -> dict:
+        """Token ids and per-example arrays of a shard's units (element units add boxes and categories)."""
+        ids, lengths, finished, consistency = [], [], [], []
+        for page, target, value, _, _ in units:
             if value is not None and not 0.0 <= float(value) <= 1.0:
                 raise InvalidPageError(f"page {page.page_id} has consistency {value}; expected a value in [0, 1]")
-            tokens, ok = encode_markup(self.tokenizer, markup, self.max_tokens)
+            tokens, ok = encode_markup(self.tokenizer, target, self.max_tokens)
             ids += tokens
             lengths.append(len(tokens))
             finished.append(ok)
             consistency.append(math.nan if value is None else float(value))
-        return {"page_ids": np.array([p.page_id for p in pages]), "images": np.array([p.image for p in pages]),
-                "ids": np.array(ids, dtype=np.int32), "offsets": np.cumsum([0, *lengths]).astype(np.int64),
-                "ends_with_eos": np.array(finished, dtype=bool), "consistency": np.array(consistency, dtype=np.float64)}
-
-    def _tokenise_elements(self, pages: list[Page]) -> dict:
-        ids, lengths, finished, consistency = [], [], [], []
-        page_ids, images, boxes, categories = [], [], [], []
-        dropped = 0
-        for page in pages:
-            kept, lost = element_targets(page)
-            dropped += lost
-            page_value = page.meta.get("consistency")
-            per_element = page.meta.get("element_consistency")
-            for index, category, target in kept:
-                own = per_element[index] if per_element and index < len(per_element) else None
-                value = page_value if own is None else own
-                if value is not None and not 0.0 <= float(value) <= 1.0:
-                    raise InvalidPageError(f"page {page.page_id} has consistency {value}; expected a value in [0, 1]")
-                tokens, ok = encode_markup(self.tokenizer, target, self.max_tokens)
-                ids += tokens
-                lengths.append(len(tokens))
-                finished.append(ok)
-                consistency.append(math.nan if value is None else float(value))
-                page_ids.append(page.page_id)
-                images.append(page.image)
-                boxes.append(page.elements[index].bbox)
-                categories.append(category)
-        return {"page_ids": np.array(page_ids, dtype=str), "images": np.array(images, dtype=str),
-                "ids": np.array(ids, dtype=np.int32), "offsets": np.cumsum([0, *lengths]).astype(np.int64),
-                "ends_with_eos": np.array(finished, dtype=bool), "consistency": np.array(consistency, dtype=np.float64),
-                "boxes": np.array(boxes, dtype=np.float64).reshape(-1, 4), "categories": np.array(categories, dtype=str),
-                "dropped": np.array(dropped, dtype=np.int64)}
+        arrays = {"page_ids": np.array([u[0].page_id for u in units], dtype=str),
+                  "images": np.array([u[0].image for u in units], dtype=str),
+                  "ids": np.array(ids, dtype=np.int32), "offsets": np.cumsum([0, *lengths]).astype(np.int64),
+                  "ends_with_eos": np.array(finished, dtype=bool),
+                  "consistency": np.array(consistency, dtype=np.float64)}
+        if dropped is not None:
+            arrays |= {"boxes": np.array([u[0].elements[u[3]].bbox for u in units], dtype=np.float64).reshape(-1, 4),
+                       "categories": np.array([u[4] for u in units], dtype=str), "dropped": np.array(dropped, dtype=np.int64)}
+        return arrays
 
     def _load(self, index: int) -> dict:
         if index in self._loaded:
