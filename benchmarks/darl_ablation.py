@@ -1,7 +1,7 @@
 """The DARL paper's ablation (Tables 3/4) on our scale: what each reward adds to SDB's accepted length.
 
-    python -m benchmarks.darl_ablation                                 # every row, seeds 0 and 1
-    python -m benchmarks.darl_ablation --rows ar,dar,immediate,lookahead --seeds 0,1,2 --steps 300
+    python -m benchmarks.darl_ablation                                 # every row; seeds 0-3 for dar, lookahead, control
+    python -m benchmarks.darl_ablation --rows ar,dar,immediate,lookahead --seeds 0,1 --steps 150
 
 Every row starts from the same model (the shipped base, ``models/pretrained/docmarkup-base``),
 trains the same number of steps on the same synthetic pages with the same seed, then decodes the
@@ -12,11 +12,14 @@ same held-out pages greedily with AR and with SDB (the row's window):
 | ``ar`` | AR fine-tune |
 | ``dar`` | SDB training without rewards: DAR on the greedy OMTG window (DTPO weight 0) |
 | ``immediate`` | + DTPO with the immediate (LCP) reward only |
-| ``lookahead`` | + the look-ahead reward (the full method) |
+| ``lookahead`` | + the look-ahead reward (the full method, ``configs/train/darl.yaml``) |
 | ``edit`` | the full method with an edit-distance reward instead of LCP |
+| ``control`` | the full method with each group's advantages permuted (same magnitudes, no signal) |
 | ``w8``, ``w24``, ``w32`` | the full method with windows 8 / 24 / 32 (the others use 16) |
+| ``candidate_context``, ``ar_scored``, ``r2_init``, ``lcp_per_candidate``, ``left_alignment`` | the full method with one of our older DTPO choices (or the authors' DAR alignment) switched back |
+| ``old_defaults`` | all four older DTPO choices together (the previous defaults) |
 
-Every DARL row keeps the AR term at 0.5 (the weight these rows were measured with; ``configs/train/darl.yaml`` now uses 1.0). Columns: SDB
+Every row uses ``configs/train/darl.yaml``'s optimiser (the authors', scaled to the step count). Columns: SDB
 forwards/page, tokens per forward, SDB's forward reduction against AR, whether SDB's output equals
 AR's, Overall / text edit / TEDS of the greedy output, and from the last quarter of training the
 fraction of candidate groups with no preference (all rewards equal) and the greedy candidate's
@@ -24,7 +27,8 @@ accepted length; and on a fixed probe batch of 8 training pages after training
 (:mod:`components.training.probe`), |grad DTPO| / |grad DAR| (DTPO unweighted), their cosine and
 the greedy accepted length. Each (row, seed) is one MLflow run (experiment ``darl-ablation``) holding its
 training curve and these columns; the table (medians over seeds, min-max) goes to
-``<out>/darl_ablation.json`` and ``.md``. Finished rows are reused when the script is run again.
+``<out>/darl_ablation.json`` and ``.md``. Finished rows (training and their measurements) are reused
+when the script is run again, so a long ablation can be run in parts and summarised at the end.
 """
 
 from __future__ import annotations
@@ -39,17 +43,27 @@ ROOT = Path(__file__).resolve().parents[1]
 BASE_MODEL = ROOT / "models" / "pretrained" / "docmarkup-base"
 TRAIN_SEED = 40_000_000  # synthetic pages outside the base model's recorded seeds
 EVAL_SEED = 41_000_000
-DARL = {"objectives": {"darl": 1.0, "ar": 0.5}}
+DARL = {"objectives": {"darl": 1.0}}
+OLD_CHOICES = {"darl.policy_context": "candidate", "darl.ar_slot": "score", "darl.lookahead_slots": "init",
+               "darl.credit": "lcp_per_candidate"}
 ROWS: dict[str, dict] = {
     "ar": {"objectives": {"ar": 1.0}},
     "dar": {**DARL, "darl.dtpo_coef": 0.0},
     "immediate": {**DARL, "darl.lookahead": False},
     "lookahead": DARL,
     "edit": {**DARL, "darl.reward": "edit"},
+    "control": {**DARL, "darl.permute_advantages": True},
     "w8": {**DARL, "dar.window": 8},
     "w24": {**DARL, "dar.window": 24},
     "w32": {**DARL, "dar.window": 32},
+    "candidate_context": {**DARL, "darl.policy_context": "candidate"},
+    "ar_scored": {**DARL, "darl.ar_slot": "score"},
+    "r2_init": {**DARL, "darl.lookahead_slots": "init"},
+    "lcp_per_candidate": {**DARL, "darl.credit": "lcp_per_candidate"},
+    "left_alignment": {**DARL, "darl.draft_alignment": "left"},
+    "old_defaults": {**DARL, **OLD_CHOICES},
 }
+SEEDED_ROWS = ("dar", "lookahead", "control")  # every --seeds; the other rows run the first seed only
 COLUMNS = ("sdb_forwards_per_page", "tpf", "forward_reduction", "same_as_ar", "overall", "text_edit", "teds",
            "zero_advantage", "greedy_accepted", "probe_grad_ratio", "probe_grad_cosine", "probe_accepted")
 
@@ -73,7 +87,7 @@ def row_config(row: str, seed: int, args, train_pages: Path):
     return load_train_config(ROOT / "configs/train/darl.yaml", {
         "name": f"darl-ablation-{row}-seed{seed}", "seed": seed, "output_dir": str(args.out / "runs" / f"{row}-seed{seed}"),
         "model.init_from": str(args.base), "data.dataset": str(train_pages), "data.max_tokens": args.max_tokens,
-        "train.steps": args.steps, "train.micro_batch_size": args.micro_batch, "train.save_every": None,
+        "train.steps": args.steps, "optim.warmup_steps": max(1, args.steps // 10), "train.micro_batch_size": args.micro_batch, "train.save_every": None,
         "train.progress": False, "mlflow.enabled": args.mlflow, "mlflow.experiment": "darl-ablation",
         "deepspeed": "configs/deepspeed/zero0.json", **ROWS[row],
     })
@@ -168,7 +182,7 @@ def summarise(results: dict[str, list[dict]]) -> tuple[dict, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, from {', '.join(ROWS)}")
-    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--seeds", default="0,1,2,3", help=f"for {', '.join(SEEDED_ROWS)}; other rows run the first")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=256)
@@ -191,13 +205,18 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict]] = {}
     for row in rows:
         window = int(ROWS[row].get("dar.window", 16))
-        for seed in seeds:
+        for seed in seeds if row in SEEDED_ROWS else seeds[:1]:
             config = row_config(row, seed, args, train_store.root)
             model_dir, history, run_id = train_row(config)
-            engine = DecodingEngine.from_pretrained(model_dir)  # one load serves decoding and the probe
-            values = {**evaluate_row(engine, window, eval_store, args.max_new_tokens), **training_signals(history),
-                      **probe_row(engine, config, train_store.root)}
-            log_to_mlflow(run_id, values)
+            measured = model_dir.parent / f"ablation-eval-{args.eval_pages}x{args.max_new_tokens}.json"
+            if measured.is_file() and measured.stat().st_mtime >= (model_dir / "training_meta.json").stat().st_mtime:
+                values = json.loads(measured.read_text())  # measured by an earlier invocation on this model
+            else:
+                engine = DecodingEngine.from_pretrained(model_dir)  # one load serves decoding and the probe
+                values = {**evaluate_row(engine, window, eval_store, args.max_new_tokens), **training_signals(history),
+                          **probe_row(engine, config, train_store.root)}
+                measured.write_text(json.dumps(values))
+                log_to_mlflow(run_id, values)
             results.setdefault(row, []).append(values)
             print(f"[darl_ablation] {row} seed {seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items()), flush=True)
     summary, table = summarise(results)

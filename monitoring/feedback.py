@@ -1,8 +1,8 @@
 """The loop back: low-confidence and suspect production pages become Label Studio tasks.
 
 Served pages the model was unsure of (their images are kept by the request log) are copied into
-a ``production`` dataset and queued with the model's own output as the prediction, so an
-annotator corrects rather than retypes; corrected pages then flow into the next training run
+a ``production`` dataset and queued with the model's own output as the prediction (in element
+mode its served boxes, one region each), so an annotator corrects rather than retypes; corrected pages then flow into the next training run
 like any curated page. Queueing is idempotent (Label Studio tasks are keyed by page id).
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from components.curation.labelstudio import PagePrediction, QueueResult, queue_pages
 from components.data.page_store import PageDataset
-from components.data.pages import Page, load_image
+from components.data.pages import LayoutElement, Page, load_image
 from monitoring.request_log import RequestLog, ServedPage
 from monitoring.suspect import LOW_CONFIDENCE, review_reasons
 
@@ -35,6 +35,12 @@ def entries_for_review(entries: Iterable[ServedPage], threshold: float) -> list[
         if reasons and entry.image and (entry.page_id not in latest or entry.timestamp > latest[entry.page_id][0].timestamp):
             latest[entry.page_id] = (entry, reasons)
     return sorted(latest.values(), key=lambda item: (item[1] == [LOW_CONFIDENCE], item[0].mean_confidence))
+
+
+def served_layout(entry: ServedPage) -> tuple[LayoutElement, ...]:
+    """The served element boxes with their markup (element mode); page mode served none, and the
+    block view then shows one page box holding the served text."""
+    return tuple(LayoutElement(e["category"], tuple(e["box"]), e.get("markup", "")) for e in entry.elements)
 
 
 def low_confidence_entries(entries: Iterable[ServedPage], threshold: float) -> list[ServedPage]:
@@ -75,7 +81,7 @@ def push_low_confidence_pages(
     reasons = {entry.page_id: why for entry, why in chosen}
     added = {page.page_id for page in add_to_dataset(log, entries, dataset, reasons)}  # images pruned since are skipped
     # Pages with an output problem go first in the queue whatever the model thought of them.
-    predictions = [PagePrediction(e.page_id, e.text, e.mean_confidence if reasons[e.page_id] == [LOW_CONFIDENCE] else 0.0)
-                   for e in entries if e.page_id in added]
+    predictions = [PagePrediction(e.page_id, e.text, e.mean_confidence if reasons[e.page_id] == [LOW_CONFIDENCE] else 0.0,
+                                  served_layout(e)) for e in entries if e.page_id in added]
     return FeedbackResult(candidates=len(entries), queue=queue_pages(client, project_id, dataset, predictions, model_version,
                                                                         view=view))

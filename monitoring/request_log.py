@@ -38,6 +38,9 @@ class ServedPage:
     model_version: str = "unknown"
     timestamp: float = field(default_factory=time.time)
     image: str | None = None  # relative path of the stored image, for low-confidence pages
+    # Element mode: each layout element as served ({category, box [x0, y0, x1, y1] in page pixels,
+    # markup, confidence}), so a page sent back for review shows the served boxes; empty in page mode.
+    elements: list[dict] = field(default_factory=list)
 
 
 class RequestLog:

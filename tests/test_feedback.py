@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from components.curation.labelstudio import connect, ensure_project, queued_page_ids
+from components.curation.labelstudio import LABEL_CONFIGS, connect, ensure_project, queued_page_ids
 from components.data.page_store import PageDataset
 from components.data.synthetic import generate_page
 from monitoring.feedback import low_confidence_entries, push_low_confidence_pages
@@ -52,6 +52,34 @@ def test_low_confidence_pages_reach_label_studio_once(label_studio, tmp_path):
         assert stored[pages[1].page_id].source == "production" and dataset.load_image(stored[pages[1].page_id]).size == (320, 416)
         again = push_low_confidence_pages(client, project_id, log, dataset, threshold=0.8, model_version="v7")
         assert again.queue.queued == [] and len(queued_page_ids(client, project_id)) == 2
+    finally:
+        client.projects.delete(id=project_id)
+
+
+def test_element_mode_pages_go_back_with_their_served_boxes(label_studio, tmp_path):
+    """A page served in element mode is queued with one region per served element (box, category,
+    markup); a page-mode page with one page box holding the served text."""
+    client = connect(label_studio.url, label_studio.api_key)
+    project_id = ensure_project(client, f"feedback-{uuid.uuid4().hex[:8]}", LABEL_CONFIGS["blocks"])
+    try:
+        log = RequestLog(tmp_path / "log", keep_images_below=0.9)
+        image = _png(21)
+        elements = [{"category": "title", "box": [20.0, 12.0, 300.0, 40.0], "markup": "# Results", "confidence": 0.6},
+                    {"category": "text", "box": [20.0, 60.0, 300.0, 200.0], "markup": "Body text.", "confidence": 0.4}]
+        served = log.record(ServedPage(page_id=RequestLog.page_id_for(image), decoder="ar", mean_confidence=0.5,
+                                       new_tokens=9, forward_passes=9, latency_s=0.1, truncated=False,
+                                       text="# Results\n\nBody text.", elements=elements), image)
+        page_mode = _serve(log, 22, 0.3)
+        push_low_confidence_pages(client, project_id, log, PageDataset(tmp_path / "production"), threshold=0.8,
+                                  model_version="v8", view="blocks")
+        tasks = {t.data["page_id"]: t.id for t in client.tasks.list(project=project_id)}
+        results = {page_id: client.predictions.list(task=task_id)[0].result for page_id, task_id in tasks.items()}
+        rectangles = [r for r in results[served.page_id] if r["type"] == "rectanglelabels"]
+        texts = [r["value"]["text"][0] for r in results[served.page_id] if r["type"] == "textarea"]
+        assert [r["value"]["rectanglelabels"] for r in rectangles] == [["title"], ["text"]]
+        assert rectangles[0]["value"]["x"] == pytest.approx(100 * 20 / 320) and texts == ["# Results", "Body text."]
+        whole = [r for r in results[page_mode.page_id] if r["type"] == "rectanglelabels"]
+        assert len(whole) == 1 and whole[0]["value"]["width"] == pytest.approx(100)
     finally:
         client.projects.delete(id=project_id)
 

@@ -10,12 +10,15 @@ import torch
 from components.decoding import masks
 from components.training import objectives as obj
 from components.training.darl import (
-    credited_tokens,
-    darl_rewards,
+    credit_weights,
     dtpo_loss,
     group_advantages,
+    immediate_reward,
     lcp_fraction,
     lcp_length,
+    lookahead_reward,
+    net_slot_weight,
+    permuted_advantages,
     pickup_slots,
     sample_candidates,
 )
@@ -35,27 +38,35 @@ def test_lcp_counts_only_the_correct_prefix():
     assert lcp_fraction(draft, truth, torch.zeros(8, dtype=torch.bool)).item() == 0.0
 
 
-def test_reward_example_six_eighths_plus_four_eighths():
-    """l_p = 8 candidates with 6 right, then the rerun gets 4 of the l_n = 8 INIT slots right: R = 1.25."""
+def test_reward_example_six_eighths_plus_four_sixteenths():
+    """l_p = 8 candidates with 6 right; the rerun (prefix advanced by the AR token) gets its first 4
+    outputs right of all w = 16: R = 6/8 + 4/16, as the authors' reward_calculator computes it."""
     slot_truth = torch.arange(10, 26)[None, :]  # w = 16 slots
+    next_truth = slot_truth + 1  # what each window output predicts: the token after its input
     candidate = slot_truth.clone()
     candidate[0, 6] = 99  # pickup part: first 6 right
     candidate[0, 8:] = 0  # slots past l_p are not part of the candidate
-    rerun = slot_truth.clone()
-    rerun[0, 8 + 4] = 99  # INIT part: first 4 predictions right
-    r1, r2 = darl_rewards(candidate[:, None], rerun[:, None], slot_truth, torch.tensor([8]))
+    outputs = next_truth.clone()
+    outputs[0, 4] = 99
+    r1 = immediate_reward(candidate[:, None], slot_truth, torch.tensor([8]))
+    r2 = lookahead_reward(outputs[:, None], next_truth, torch.tensor([8]))
     assert r1.item() == pytest.approx(6 / 8)
-    assert r2.item() == pytest.approx(4 / 8)
-    assert (r1 + r2).item() == pytest.approx(1.25)
+    assert r2.item() == pytest.approx(4 / 16)
+    # The older choice scores only the l_n = 8 INIT slots of slot-aligned predictions, / l_n.
+    slot_predictions = slot_truth.clone()
+    slot_predictions[0, 8 + 4] = 99
+    assert lookahead_reward(slot_predictions[:, None], slot_truth, torch.tensor([8]), slots="init").item() == pytest.approx(4 / 8)
 
 
-def test_r2_is_normalised_by_the_number_of_init_slots():
-    slot_truth = torch.arange(1, 9)[None, :]  # w = 8
-    rerun = slot_truth.clone()
-    rerun[0, 5] = 0  # l_p = 3: INIT slots are 3..7, LCP there = 2 of 5
-    candidate = slot_truth.clone()
-    _, r2 = darl_rewards(candidate[:, None], rerun[:, None], slot_truth, torch.tensor([3]))
-    assert r2.item() == pytest.approx(2 / 5)
+def test_r2_is_normalised_by_the_window_not_the_init_slots():
+    """Fails if r2 divides by l_n (our older choice) instead of w (the authors')."""
+    next_truth = torch.arange(1, 9)[None, :]  # w = 8
+    outputs = next_truth.clone()
+    outputs[0, 5] = 0
+    assert lookahead_reward(outputs[:, None], next_truth, torch.tensor([3])).item() == pytest.approx(5 / 8)
+    slot_predictions = next_truth.clone()
+    slot_predictions[0, 5] = 0  # l_p = 3: INIT slots are 3..7, LCP there = 2 of 5
+    assert lookahead_reward(slot_predictions[:, None], next_truth, torch.tensor([3]), slots="init").item() == pytest.approx(2 / 5)
 
 
 def test_group_advantages_are_standardised_per_sample():
@@ -70,7 +81,8 @@ def test_group_advantages_are_standardised_per_sample():
 def test_dtpo_gradient_is_minus_advantage_over_tokens_and_candidates():
     logp = torch.log(torch.tensor([[[0.5, 0.25, 0.9], [0.1, 0.2, 0.9]]])).requires_grad_(True)  # B=1, K=2, w=3
     advantages = torch.tensor([[1.0, -1.0]])
-    credited = pickup_slots(torch.tensor([2]), 3)[:, None, :].expand(1, 2, 3).float()  # slot 2 is an INIT slot
+    candidates = torch.tensor([[[1, 2, 0], [3, 4, 0]]])  # slot 2 is an INIT slot
+    credited = credit_weights(candidates, torch.tensor([[1, 2, 3]]), torch.tensor([2]), "pickup")
     loss = dtpo_loss(logp, advantages, credited)
     assert loss.item() == pytest.approx(0.0)  # ratio is 1 in value; advantages sum to 0
     loss.sum().backward()
@@ -89,21 +101,48 @@ def test_lcp_credit_stops_after_each_candidates_first_wrong_token():
     truth = torch.tensor([[5, 6, 7, 8]])
     candidates = torch.tensor([[[5, 6, 7, 8], [5, 9, 7, 8], [9, 6, 7, 8]]])  # right, wrong at 1, wrong at 0
     n_pickup = torch.tensor([3])  # slot 3 is an <INIT> slot
-    lcp = credited_tokens(candidates, truth, n_pickup, "lcp")
+    lcp = credit_weights(candidates, truth, n_pickup, "lcp") * 3
     assert lcp[0].tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]]
-    assert credited_tokens(candidates, truth, n_pickup, "pickup")[0].tolist() == [[1, 1, 1, 0]] * 3
+    assert (credit_weights(candidates, truth, n_pickup, "pickup") * 3)[0].tolist() == [[1, 1, 1, 0]] * 3
     # The gradient follows the credit: tokens after a candidate's first error get none.
     logp = torch.zeros(1, 3, 4, requires_grad=True)
     dtpo_loss(logp, torch.tensor([[1.0, -0.5, -0.5]]), lcp).sum().backward()
     assert (logp.grad[0, 1, 2:] == 0).all() and (logp.grad[0, 2, 1:] == 0).all() and (logp.grad[0, 1, :2] != 0).all()
 
 
+def _default_credit() -> str:
+    from components.training.config import DarlSection
+
+    return DarlSection().credit
+
+
+@pytest.mark.parametrize(("credit", "zero_sum"),
+                         [("pickup", True), ("lcp", True), ("lcp_per_candidate", False), (_default_credit(), True)])
+def test_tokens_every_candidate_shares_get_no_net_weight(credit, zero_sum):
+    """Fails if the credit's normaliser differs per candidate: a token all candidates share would
+    then be pushed up or down by DTPO although no candidate is preferred for it."""
+    truth = torch.tensor([[5, 6, 7, 8, 9]])
+    # All share slots 0-1 (right); candidate 0 is right through slot 3, 1 wrong at 2, 2 wrong at 3.
+    candidates = torch.tensor([[[5, 6, 7, 8, 0], [5, 6, 1, 8, 0], [5, 6, 7, 2, 0]]])
+    n_pickup = torch.tensor([4])
+    advantages = group_advantages(immediate_reward(candidates, truth, n_pickup))
+    net = net_slot_weight(advantages, credit_weights(candidates, truth, n_pickup, credit))
+    shared = net[0, :2].abs().max().item()
+    assert (shared < 1e-6) == zero_sum, net
+
+
+def test_permuted_advantages_keep_each_groups_values_and_lose_their_order():
+    advantages = torch.tensor([[1.0, -1.0, 0.5, -0.5]]).repeat(64, 1)
+    shuffled = permuted_advantages(advantages, torch.Generator().manual_seed(0))
+    assert torch.equal(shuffled.sort(dim=-1).values, advantages.sort(dim=-1).values)
+    assert (shuffled != advantages).any(dim=-1).float().mean() > 0.8
+
+
 def test_edit_reward_scores_partial_windows_where_lcp_gives_nothing():
     truth = torch.tensor([[5, 6, 7, 8]])
     candidates = torch.tensor([[[9, 6, 7, 8], [9, 9, 9, 9]]])
-    rerun = candidates.clone()
-    r1_lcp, _ = darl_rewards(candidates, rerun, truth, torch.tensor([4]), "lcp")
-    r1_edit, _ = darl_rewards(candidates, rerun, truth, torch.tensor([4]), "edit")
+    r1_lcp = immediate_reward(candidates, truth, torch.tensor([4]), "lcp")
+    r1_edit = immediate_reward(candidates, truth, torch.tensor([4]), "edit")
     assert r1_lcp[0].tolist() == [0.0, 0.0] and r1_edit[0].tolist() == pytest.approx([0.75, 0.0])
 
 
@@ -437,64 +476,111 @@ def test_candidate_sampling_uses_the_configured_temperature(tokenizer, monkeypat
     assert len({tuple(c.tolist()) for c in hot[0]}) == 3
 
 
-def test_look_ahead_reward_reads_each_candidate(tokenizer, monkeypatch):
-    """Fails if r2's rerun ignores the candidates: its predictions for candidate k must equal a
-    plain causal forward over [sequence up to the committed token, candidate k's window]."""
-    import components.training.mix as mix_module
-
-    captured = {}
-    real = mix_module.darl_rewards
-
-    def capturing(candidates, rerun, slot_truth, n_pickup, *rest):
-        captured.update(candidates=candidates, rerun=rerun)
-        return real(candidates, rerun, slot_truth, n_pickup, *rest)
-
-    monkeypatch.setattr(mix_module, "darl_rewards", capturing)
-    model, mix, batch = _darl_setup(tokenizer, monkeypatch, temperature=5.0)
+def _recorded_step(tokenizer, monkeypatch, **darl):
+    """One DARL step of the tiny model with its DTPO internals recorded, and the page prefix."""
+    model, mix, batch = _darl_setup(tokenizer, monkeypatch, temperature=5.0, **darl)
+    mix.record = {}
     mix(batch, torch.Generator().manual_seed(0))
     with torch.no_grad():
         prefix = model.encode_pages(batch.pages)
-    candidates, rerun = captured["candidates"], captured["rerun"]
-    assert len({tuple(c.tolist()) for c in candidates[0]}) > 1  # the candidates really differ
-    for b, committed in enumerate((2, 5)):
-        for k in range(candidates.shape[1]):
-            ids = torch.cat([batch.tokens[b, : committed + 1], candidates[b, k]])[None]
-            logits = mix._ban(_plain_causal_logits(model, _row_prefix(prefix, b), ids))[0]
-            expected = logits[committed : committed + candidates.shape[2]].argmax(-1)
-            assert rerun[b, k].tolist() == expected.tolist(), (b, k)
+    return model, mix, batch, prefix, mix.record
 
 
-@pytest.mark.parametrize("context", ["candidate", "init"])
-def test_dtpo_log_probs_come_from_the_configured_context(tokenizer, monkeypatch, context):
-    """Fails if DTPO reads the wrong distribution: with ``candidate`` (default), candidate k's
-    log-prob at slot j is that of a plain causal forward over [sequence up to c, candidate k]
-    (what SDB verifies); with ``init`` (the authors' code), of [sequence up to c, <INIT> x w]."""
+COMMITTED = (2, 5)  # _darl_setup's window offsets; 3 pickup slots in a window of 6
+
+
+def test_look_ahead_reward_reads_each_candidate_after_the_ground_truth_ar_token(tokenizer, monkeypatch):
+    """Fails if r2's rerun ignores the candidates or the prefix advance: its predictions for
+    candidate k must equal a plain causal forward over [sequence up to c, the true x_{c+1},
+    candidate k's window], all w outputs."""
     import components.training.mix as mix_module
 
     captured = {}
-    real = mix_module.dtpo_loss
+    real = mix_module.lookahead_reward
 
-    def capturing(token_logp, advantages, credited):
-        captured.update(token_logp=token_logp.detach(), credited=credited)
-        return real(token_logp, advantages, credited)
+    def capturing(predictions, truth, n_pickup, *rest):
+        captured.update(predictions=predictions)
+        return real(predictions, truth, n_pickup, *rest)
 
-    monkeypatch.setattr(mix_module, "dtpo_loss", capturing)
-    real_sample = mix_module.sample_candidates
-    monkeypatch.setattr(mix_module, "sample_candidates", lambda *a, **k: captured.setdefault("cands", real_sample(*a, **k)))
-    model, mix, batch = _darl_setup(tokenizer, monkeypatch, temperature=5.0, policy_context=context)
-    mix(batch, torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        prefix = model.encode_pages(batch.pages)
-    candidates, logp = captured["cands"], captured["token_logp"]
+    monkeypatch.setattr(mix_module, "lookahead_reward", capturing)
+    model, mix, batch, prefix, record = _recorded_step(tokenizer, monkeypatch)
+    candidates, predictions = record["candidates"], captured["predictions"]
     init = tokenizer.convert_tokens_to_ids("<INIT>")
-    for b, committed in enumerate((2, 5)):
+    assert len({tuple(c.tolist()) for c in candidates[0]}) > 1  # the candidates really differ
+    for b, committed in enumerate(COMMITTED):
         for k in range(candidates.shape[1]):
-            window = candidates[b, k] if context == "candidate" else torch.full_like(candidates[b, k], init)
-            ids = torch.cat([batch.tokens[b, : committed + 1], window])[None]
+            window = torch.where(torch.arange(6) < 3, candidates[b, k], init)
+            ids = torch.cat([batch.tokens[b, : committed + 2], window])[None]
             logits = mix._ban(_plain_causal_logits(model, _row_prefix(prefix, b), ids))[0]
-            slots = logits[committed : committed + 3].log_softmax(-1)  # 3 pickup slots
+            expected = logits[committed + 2 : committed + 2 + 6].argmax(-1)
+            assert predictions[b, k].tolist() == expected.tolist(), (b, k)
+
+
+@pytest.mark.parametrize("context", ["init", "candidate"])
+def test_dtpo_log_probs_come_from_the_configured_context(tokenizer, monkeypatch, context):
+    """Fails if DTPO reads the wrong distribution: with ``init`` (the default, the authors'), the
+    candidate tokens' log-probs are those of [sequence up to c, <INIT> x w], the context they were
+    drawn from; with ``candidate``, of [sequence up to c+1, candidate k] (what SDB verifies)."""
+    model, mix, batch, prefix, record = _recorded_step(tokenizer, monkeypatch, policy_context=context)
+    candidates, logp = record["candidates"], record["policy_logp"]
+    init = tokenizer.convert_tokens_to_ids("<INIT>")
+    for b, committed in enumerate(COMMITTED):
+        for k in range(candidates.shape[1]):
+            if context == "init":  # <INIT> outputs at c+1.. predict x_{c+2}..
+                ids = torch.cat([batch.tokens[b, : committed + 1], torch.full((6,), init)])[None]
+            else:  # after the true x_{c+1}: output at c+1 predicts x_{c+2} (slot 0), then the candidate's
+                ids = torch.cat([batch.tokens[b, : committed + 2], candidates[b, k]])[None]
+            logits = mix._ban(_plain_causal_logits(model, _row_prefix(prefix, b), ids))[0]
+            slots = logits[committed + 1 : committed + 4].log_softmax(-1)  # 3 pickup slots
             expected = slots.gather(-1, candidates[b, k, :3, None]).squeeze(-1)
             assert torch.allclose(logp[b, k, :3], expected, atol=1e-4), (b, k)
+
+
+def test_the_ar_token_is_never_a_candidate(tokenizer, monkeypatch):
+    """Fails if the AR slot is scored and credited (our older ``ar_slot: score``): the greedy
+    candidate is the <INIT> outputs' argmax for x_{c+2}.., never the committed token's output."""
+    model, mix, batch, prefix, record = _recorded_step(tokenizer, monkeypatch)
+    init = tokenizer.convert_tokens_to_ids("<INIT>")
+    for b, committed in enumerate(COMMITTED):
+        ids = torch.cat([batch.tokens[b, : committed + 1], torch.full((6,), init)])[None]
+        logits = mix._ban(_plain_causal_logits(model, _row_prefix(prefix, b), ids))[0]
+        assert record["candidates"][b, 0, :3].tolist() == logits[committed + 1 : committed + 4].argmax(-1).tolist()
+        assert (record["credit"][b, :, 3:] == 0).all()  # and nothing past the pickup part is credited
+
+
+def test_default_dtpo_does_not_train_the_ar_distribution(tokenizer, monkeypatch):
+    """Fails if credited log-probs equal the clean pass's (AR) log-probs of the same tokens under the
+    default context, i.e. if DTPO moves the verifier instead of the drafter. Under the older
+    ``candidate`` context they are equal wherever the candidate's earlier tokens are right."""
+    for darl, equal in (({}, False), ({"policy_context": "candidate"}, True)):
+        *_, record = _recorded_step(tokenizer, monkeypatch, **darl)
+        gap = (record["policy_logp"] - record["clean_logp"])[_ground_truth_context(record)].abs()
+        assert gap.numel() > 0 and bool(gap.max() < 1e-4) == equal, darl
+
+
+def _ground_truth_context(record) -> torch.Tensor:
+    """(B, K, w) credited candidate tokens whose earlier candidate tokens are all correct."""
+    candidates, truth = record["candidates"], record["truth"][:, None, :].expand_as(record["candidates"])
+    pickup = pickup_slots(record["n_pickup"], candidates.shape[-1])[:, None, :].expand_as(candidates)
+    correct = lcp_length(candidates, truth, pickup)
+    slots = torch.arange(candidates.shape[-1])
+    return (record["credit"] > 0) & (slots[None, None, :] <= correct[..., None]) & record["in_sequence"][:, None, :]
+
+
+def test_left_alignment_puts_each_draft_one_slot_before_its_token(tokenizer, monkeypatch):
+    """``draft_alignment: left`` (the authors' DAR input): the DAR stream holds candidate 0 right
+    after the committed token c, without x_{c+1}."""
+    import components.training.mix as mix_module
+
+    seen = []
+    real = mix_module.window_stream
+    monkeypatch.setattr(mix_module, "window_stream", lambda name, ids, offsets: seen.append((name, ids, offsets))
+                        or real(name, ids, offsets))
+    _recorded_step(tokenizer, monkeypatch, draft_alignment="left")
+    streams = {name: (ids, offsets) for name, ids, offsets in seen}
+    assert streams["dar_left"][1].tolist() == list(COMMITTED)
+    assert streams["candidate0"][1].tolist() == [c + 1 for c in COMMITTED]
+    assert torch.equal(streams["dar_left"][0], streams["candidate0"][0])
 
 
 def _row_prefix(prefix, row: int):

@@ -397,6 +397,10 @@ def test_element_mode_runs_layout_in_the_backend_and_answers_every_element(trito
     with client.stream_transcribe(page, parse="elements", max_new_tokens=12) as stream:
         chunks = list(stream)
     assert "".join(chunk.text for chunk in chunks) == served.text
+    # Both answers are logged with the served boxes (what a page sent back for review shows).
+    logged = [e for e in RequestLog(registry["root"] / "requests").entries() if e.page_id == RequestLog.page_id_for(page)]
+    boxes = [[round(v, 1) for v in e.box] for e in local.elements if not e.error]
+    assert len(logged) >= 2 and all([e["box"] for e in entry.elements] == boxes for entry in logged[-2:])
     with pytest.raises(TranscriptionError) as refused:
         client.transcribe(page, parse="columns")
     assert refused.value.status == "400" and "PARSE must be one of page, elements" in str(refused.value)

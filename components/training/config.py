@@ -102,11 +102,22 @@ class DarlSection(_Strict):
     dtpo_coef: float = Field(0.1, ge=0.0)
     advantage_eps: float = Field(1e-4, gt=0.0)
     max_retries: int = Field(20, ge=0)  # duplicate-candidate resampling budget per sample
-    # See components/training/darl.py for why these defaults differ from the authors' code.
-    policy_context: Literal["candidate", "init"] = "candidate"  # where DTPO's log-probs come from
-    credit: Literal["lcp", "pickup"] = "lcp"  # which candidate tokens get the advantage
+    # components/training/darl.py says which default follows the authors' code and why; each
+    # older choice stays a switch (and a row of benchmarks.darl_ablation).
+    policy_context: Literal["init", "candidate"] = "init"  # where DTPO's log-probs come from
+    ar_slot: Literal["skip", "score"] = "skip"  # the exact AR token: never a candidate, or scored
+    lookahead_slots: Literal["window", "init"] = "window"  # what r2 scores after the rerun
+    credit: Literal["pickup", "lcp", "lcp_per_candidate"] = "pickup"  # which candidate tokens get the advantage
+    draft_alignment: Literal["own", "left"] = "own"  # DAR's drafts at their own token's position
     reward: Literal["lcp", "edit"] = "lcp"
     lookahead: bool = True  # r2 (the look-ahead reward) on top of r1
+    permute_advantages: bool = False  # control: advantages shuffled within each group
+
+    @model_validator(mode="after")
+    def _left_needs_the_skipped_ar_slot(self) -> DarlSection:
+        if self.draft_alignment == "left" and self.ar_slot != "skip":
+            raise ValueError("darl.draft_alignment: left places drafts after the AR token; it needs ar_slot: skip")
+        return self
 
 
 class BlockDiffusionSection(_Strict):

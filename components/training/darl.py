@@ -1,40 +1,54 @@
 """DARL's online trajectory generation (OMTG) and trajectory preference optimization (DTPO).
 
-For each sample the window after the committed token c is split into l_p pickup slots and
-l_n >= 1 ``<INIT>`` slots. OMTG takes the logits that predict the pickup slots from a forward
-over ``[.. c, <INIT> x w]`` and draws K candidates: candidate 0 greedy, the rest sampled at a
-temperature, duplicates redrawn a bounded number of times. Rewards, both fractions in [0, 1]:
+A window of w slots follows the committed token c. The exact AR token x_{c+1} is what the last
+committed position predicts; the candidates are the l_p tokens after it, read from a forward over
+``[.. c, <INIT> x w]`` (its ``<INIT>`` outputs predict x_{c+2} ..): candidate 0 greedy, the rest
+sampled at a temperature, duplicates redrawn a bounded number of times. Rewards, both in [0, 1]:
 
 - r1: longest correct prefix of the candidate against the truth, / l_p;
-- r2: rerun ``[.. c, candidate, <INIT> x l_n]``; longest correct prefix of its argmax
-  predictions for the l_n ``<INIT>`` slots (what SDB would accept next), / l_n.
+- r2: rerun ``[.. c, x_{c+1}, candidate, <INIT> x l_n]`` (the prefix advanced by the ground-truth AR
+  token, the context SDB's next step verifies in); longest correct prefix of the argmax of all w
+  window outputs, / w.
 
 Advantages are group-normalised over the K candidates of a sample; the policy term is
-``-exp(logp - logp.detach()) * A`` averaged over the credited tokens and divided by K. No
-clipping, no KL: the candidates come from the current policy, so the ratio is 1 in value and
-only its gradient matters.
+``-exp(logp - logp.detach()) * A`` over the credited tokens, / l_p and / K. No clipping, no KL:
+the candidates come from the current policy, so the ratio is 1 in value and only its gradient
+matters.
 
-Where our defaults depart from the authors' code (github SCUT-DLVCLab/DARL, ``dar_trainer.py``),
-and why (both are config switches, ``darl.policy_context`` and ``darl.credit``, so the ablation
-can compare them):
+The defaults follow the authors' code (github SCUT-DLVCLab/DARL at 82548e9,
+``trajectory_generator.py``, ``reward_calculator.py``, ``dar_trainer.py``), which the paper does
+not contradict. Each older choice of ours stays a switch and an ablation row
+(``benchmarks.darl_ablation``); why each default is what it is:
 
-- **Policy context.** Their DTPO log-probs come from a forward over ``[.. c, <INIT> x l_p]``, the
-  context the candidates were sampled from. SDB at inference never decodes from that context
-  after its first step: each forward refines the previous step's drafts, i.e. it reads
-  ``[.. c, d_1 .. d_w]`` and its slot j predicts from the drafts before it. We take candidate
-  k's log-probs from its own window stream (``[.. c, candidate k]``, already in the main forward
-  for the look-ahead reward), the distribution SDB's verification actually consumes
-  (``policy_context: candidate``; ``init`` is the authors' choice).
-- **Credit.** Their advantage is spread over every pickup token. SDB accepts a window up to its
-  first wrong token, so tokens after it change nothing that is rewarded; ``credit: lcp`` gives the
-  advantage to the accepted prefix and the first error only (``pickup`` is the authors' choice).
-- **Reward.** r1/r2 are LCP fractions as in their ``reward_calculator.py``; ``reward: edit``
-  (1 - normalised token edit distance) is the paper's ablation row.
+- ``policy_context: init`` (old: ``candidate``). DTPO's log-probs come from the sampling context
+  ``[.. c, <INIT> ..]``, the drafter SDB's acceptance depends on. Read from the candidate's own
+  window stream instead, a credited token's context is ground truth plus correct candidate tokens,
+  so its log-prob *is* the AR log-prob: DTPO then trains the verifier, never the drafter.
+- ``ar_slot: skip`` (old: ``score``). The AR token is exact whatever the drafts are, so it is never
+  a candidate, never scored, never credited.
+- ``lookahead_slots: window`` (old: ``init``). r2 advances the prefix by the ground-truth AR token
+  and scores all w outputs / w, as the authors do; ``init`` scored only the ``<INIT>`` slots of a
+  rerun without the advance, / l_n.
+- ``credit: pickup`` (old: ``lcp_per_candidate``). The advantage is spread over every pickup token
+  with one normaliser l_p for all candidates, so a token every candidate shares gets a net weight
+  sum_k A_k / l_p = 0 (advantages sum to zero in a group). ``lcp`` credits each candidate's
+  correct prefix and first error, also / l_p (zero-sum too); ``lcp_per_candidate`` divides by each
+  candidate's own count, which leaves shared tokens a non-zero net weight.
+- ``draft_alignment: own`` (the authors': ``left``) is where we depart. Their DAR input puts the
+  draft of x_{c+2+k} at position c+1+k, one slot left of its own token, while their r2 (and SDB's
+  verification, ours and theirs) puts it at its own position after the AR token. Our SDB is
+  lossless only with drafts at their own positions, so DAR trains in the context SDB decodes in;
+  ``left`` reproduces theirs.
+- ``reward: lcp`` as in their ``reward_calculator.py``; ``edit`` (1 - normalised token edit
+  distance) is the paper's ablation row. ``permute_advantages`` is a control: the same advantage
+  magnitudes, shuffled within each group, so no signal.
 """
 
 from __future__ import annotations
 
 import torch
+
+CREDITS = ("pickup", "lcp", "lcp_per_candidate")
 
 
 def lcp_length(predicted: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -61,28 +75,42 @@ def edit_similarity(predicted: torch.Tensor, truth: torch.Tensor, valid: torch.T
     return torch.tensor(scores, device=predicted.device).reshape(predicted.shape[:-1])
 
 
-def darl_rewards(
-    candidates: torch.Tensor, rerun_predictions: torch.Tensor, slot_truth: torch.Tensor, n_pickup: torch.Tensor,
-    reward: str = "lcp",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """r1, r2 (B, K).
+def immediate_reward(
+    candidates: torch.Tensor, slot_truth: torch.Tensor, n_pickup: torch.Tensor, reward: str = "lcp"
+) -> torch.Tensor:
+    """r1 (B, K): each candidate's pickup tokens (B, K, w) against the truth of their slots (B, w)."""
+    score = _score(reward)
+    pickup = pickup_slots(n_pickup, candidates.shape[-1])[:, None, :].expand_as(candidates)
+    return score(candidates, slot_truth[:, None, :].expand_as(candidates), pickup)
 
-    ``candidates`` (B, K, w): pickup tokens in the first l_p slots. ``rerun_predictions`` (B, K, w):
-    argmax predictions of every slot's token from the rerun with candidate k in place.
-    ``slot_truth`` (B, w): the true token of each slot. ``reward``: ``lcp`` (the paper's) or ``edit``.
+
+def lookahead_reward(
+    predictions: torch.Tensor, truth: torch.Tensor, n_pickup: torch.Tensor, reward: str = "lcp", slots: str = "window"
+) -> torch.Tensor:
+    """r2 (B, K) from the rerun with each candidate in place.
+
+    ``slots="window"`` (the authors'): ``predictions`` (B, K, w) are the argmax of the w window
+    outputs, ``truth`` (B, w) the tokens they predict; LCP over all w, / w. ``slots="init"`` (our
+    older choice): ``predictions`` are the slot predictions, ``truth`` the slot truth, and only the
+    l_n ``<INIT>`` slots after the pickup part count, / l_n.
     """
-    score = {"lcp": lcp_fraction, "edit": edit_similarity}[reward]
-    width = candidates.shape[-1]
-    slots = torch.arange(width, device=candidates.device)
-    truth = slot_truth[:, None, :].expand_as(candidates)
-    pickup = pickup_slots(n_pickup, width)[:, None, :].expand_as(candidates)
-    r1 = score(candidates, truth, pickup)
-    # r2 looks at the l_n <INIT> slots only: shift them to the front so the LCP starts there.
-    order = (slots[None, :] + n_pickup[:, None]).clamp_max(width - 1)  # (B, w)
-    take = order[:, None, :].expand_as(candidates)
-    new_slots = (slots[None, :] < (width - n_pickup)[:, None])[:, None, :].expand_as(candidates)
-    r2 = score(rerun_predictions.gather(-1, take), truth.gather(-1, take), new_slots)
-    return r1, r2
+    score = _score(reward)
+    width = predictions.shape[-1]
+    truth = truth[:, None, :].expand_as(predictions)
+    if slots == "window":
+        return score(predictions, truth, torch.ones_like(predictions, dtype=torch.bool))
+    if slots != "init":
+        raise ValueError(f"unknown look-ahead slots {slots!r}; choose window or init")
+    positions = torch.arange(width, device=predictions.device)
+    order = (positions[None, :] + n_pickup[:, None]).clamp_max(width - 1)[:, None, :].expand_as(predictions)
+    new_slots = (positions[None, :] < (width - n_pickup)[:, None])[:, None, :].expand_as(predictions)
+    return score(predictions.gather(-1, order), truth.gather(-1, order), new_slots)
+
+
+def _score(reward: str):
+    if reward not in ("lcp", "edit"):
+        raise ValueError(f"unknown DARL reward {reward!r}; choose lcp or edit")
+    return lcp_fraction if reward == "lcp" else edit_similarity
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
@@ -92,37 +120,55 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
     return (rewards - mean) / (std + eps)
 
 
+def permuted_advantages(advantages: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The control row: each group's advantages shuffled among its candidates (no signal left)."""
+    order = torch.rand(advantages.shape, generator=generator).argsort(dim=-1).to(advantages.device)
+    return advantages.gather(-1, order)
+
+
 def pickup_slots(n_pickup: torch.Tensor, width: int) -> torch.Tensor:
     """(B, w) bool: the first l_p slots of each sample's window."""
     return torch.arange(width, device=n_pickup.device)[None, :] < n_pickup[:, None]
 
 
-def credited_tokens(candidates: torch.Tensor, slot_truth: torch.Tensor, n_pickup: torch.Tensor, credit: str) -> torch.Tensor:
-    """(B, K, w) float: which candidate tokens DTPO's advantage applies to.
+def credit_weights(candidates: torch.Tensor, slot_truth: torch.Tensor, n_pickup: torch.Tensor, credit: str) -> torch.Tensor:
+    """(B, K, w) the weight of each candidate token in DTPO's per-candidate average.
 
-    ``pickup``: every pickup token. ``lcp``: the candidate's correct prefix and its first wrong
-    token (what SDB's acceptance depends on); nothing after it.
+    ``pickup`` (the authors'): 1 / l_p on every pickup token. ``lcp``: 1 / l_p on the candidate's
+    correct prefix and its first wrong token (what SDB's acceptance depends on), nothing after it.
+    ``lcp_per_candidate``: the same tokens / their own count, so a token all candidates share gets
+    a net weight sum_k A_k / n_k that is not zero.
     """
+    if credit not in CREDITS:
+        raise ValueError(f"unknown DTPO credit {credit!r}; choose one of {', '.join(CREDITS)}")
     pickup = pickup_slots(n_pickup, candidates.shape[-1])[:, None, :].expand_as(candidates)
     if credit == "pickup":
-        return pickup.float()
-    if credit != "lcp":
-        raise ValueError(f"unknown DTPO credit {credit!r}; choose pickup or lcp")
-    correct = lcp_length(candidates, slot_truth[:, None, :].expand_as(candidates), pickup)  # (B, K)
-    slots = torch.arange(candidates.shape[-1], device=candidates.device)
-    return (pickup & (slots[None, None, :] <= correct[..., None])).float()
+        tokens = pickup
+    else:
+        correct = lcp_length(candidates, slot_truth[:, None, :].expand_as(candidates), pickup)  # (B, K)
+        slots = torch.arange(candidates.shape[-1], device=candidates.device)
+        tokens = pickup & (slots[None, None, :] <= correct[..., None])
+    tokens = tokens.float()
+    if credit == "lcp_per_candidate":
+        return tokens / tokens.sum(dim=-1, keepdim=True).clamp_min(1)
+    return tokens / n_pickup.clamp_min(1).float()[:, None, None]
 
 
-def dtpo_loss(token_logp: torch.Tensor, advantages: torch.Tensor, credited: torch.Tensor) -> torch.Tensor:
-    """Per-sample DTPO term from (B, K, w) candidate-token log-probs, averaged over each
-    candidate's ``credited`` tokens (:func:`credited_tokens`); 0 for samples without any.
+def net_slot_weight(advantages: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """(B, w) the advantage a slot receives summed over candidates, / K: what DTPO pushes a token
+    up (> 0) or down (< 0) by when every candidate holds the same token there."""
+    return (advantages[..., None] * weights).sum(dim=1) / weights.shape[1]
+
+
+def dtpo_loss(token_logp: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Per-sample DTPO term from (B, K, w) candidate-token log-probs and :func:`credit_weights`
+    (0 for samples without pickup tokens).
 
     Samples without credited tokens still flow through the graph (times 0), so every rank runs the
     same backward and data-parallel gradients stay in sync.
     """
     ratio = torch.exp(token_logp - token_logp.detach())
-    per_token = -ratio * advantages[..., None]
-    per_candidate = (per_token * credited).sum(dim=-1) / credited.sum(dim=-1).clamp_min(1)
+    per_candidate = (-ratio * advantages[..., None] * weights).sum(dim=-1)
     return per_candidate.sum(dim=-1) / token_logp.shape[1]
 
 

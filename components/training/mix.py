@@ -5,8 +5,9 @@ pass carries the AR loss and is the context of a DARL window stream, a MinerU bi
 noisy stream and a PA-BDM causal noisy stream, all in a single forward (see
 :mod:`components.training.streams`). The DARL fine-tune adds one forward before it: the
 rollout over ``[.. c, <INIT> x w]`` whose logits give OMTG its candidates; the main forward then
-carries the K candidate windows (candidate 0 gets the DAR loss, all K give the look-ahead reward
-and, by default, DTPO's log-probs: see :mod:`components.training.darl`).
+carries the K candidate windows after the ground-truth AR token (candidate 0 gets the DAR loss, all K
+give the look-ahead reward); DTPO's log-probs come from the rollout, the drafter's own context (see
+:mod:`components.training.darl` for each switch).
 
 Loss = sum over objectives of weight_k * mean_b(sample_weight_b * loss_k,b).
 """
@@ -19,11 +20,13 @@ from torch import nn
 from components.training import objectives as obj
 from components.training.config import TrainConfig
 from components.training.darl import (
-    credited_tokens,
-    darl_rewards,
+    credit_weights,
     dtpo_loss,
     group_advantages,
+    immediate_reward,
     lcp_length,
+    lookahead_reward,
+    permuted_advantages,
     pickup_slots,
     sample_candidates,
 )
@@ -51,6 +54,8 @@ class ObjectiveMix(nn.Module):
         banned[self.draft_ids] = False
         banned[self.ids["eos"]] = False
         self.register_buffer("banned", banned, persistent=False)
+        # A dict here makes each DARL step leave its DTPO internals in it (benchmarks.dtpo_diagnosis).
+        self.record: dict[str, torch.Tensor] | None = None
 
     # ----- helpers ------------------------------------------------------------------------
     def _logits(self, layout: Layout, prefix: PagePrefix) -> torch.Tensor:
@@ -80,6 +85,22 @@ class ObjectiveMix(nn.Module):
         with torch.no_grad():
             return self._ban(self._rollout_slot_logits(batch, prefix, plan)).argmax(dim=-1)
 
+    def _dtpo_record(
+        self, clean: torch.Tensor, cand_plan: obj.WindowPlan, lengths: torch.Tensor, tokens: torch.Tensor,
+        token_logp: torch.Tensor, credit: torch.Tensor, advantages: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
+        """DTPO's inputs beside the clean pass's log-probs of the same candidate tokens (ground-truth
+        context): where they are equal, DTPO moves the AR distribution, i.e. the verifier."""
+        index = cand_plan.slot_index()  # (B, w) token index of each candidate slot
+        in_sequence = index < lengths[:, None]
+        positions = (index - 1).clamp_max(clean.shape[1] - 1)
+        clean_logp = self._ban(obj.gather_rows(clean, positions)).log_softmax(-1).detach()  # (B, w, V)
+        k = tokens.shape[1]
+        clean_token_logp = clean_logp[:, None].expand(-1, k, -1, -1).gather(-1, tokens[..., None]).squeeze(-1)
+        return {"policy_logp": token_logp.detach(), "clean_logp": clean_token_logp, "credit": credit.detach(),
+                "advantages": advantages.detach(), "candidates": tokens.detach(), "in_sequence": in_sequence,
+                "n_pickup": cand_plan.n_pickup}
+
     # ----- the step -----------------------------------------------------------------------
     def forward(self, batch: Batch, generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         tokens, lengths = batch.tokens, batch.lengths
@@ -100,15 +121,23 @@ class ObjectiveMix(nn.Module):
             streams.append(window_stream("dar", obj.window_inputs(plan, drafts, self.ids["init"]), plan.offsets))
         if "darl" in self.weights:
             cfg = self.darl_config
-            # The rollout keeps its graph only when DTPO's log-probs come from it (the authors' choice).
+            # The rollout keeps its graph only when DTPO's log-probs come from it (the default).
             with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.policy_context == "init"):
                 rollout = self._ban(self._rollout_slot_logits(batch, prefix, plan))
+            # ar_slot=skip: the candidates are the tokens after the exact AR token x_{c+1}, and their
+            # windows follow the prefix advanced by it (plan shifted by one).
+            skip = cfg.ar_slot == "skip"
+            cand_plan = obj.WindowPlan(plan.offsets + 1, plan.n_pickup, plan.window) if skip else plan
+            cand_truth = obj.gather_rows(truth, cand_plan.slot_index())
+            drafter = torch.cat([rollout[:, 1:], rollout[:, -1:]], dim=1) if skip else rollout
             candidates = sample_candidates(
-                rollout, plan.n_pickup, cfg.candidates, cfg.temperature, self.ids["init"], cfg.max_retries, generator
+                drafter, plan.n_pickup, cfg.candidates, cfg.temperature, self.ids["init"], cfg.max_retries, generator
             )
-            safe = torch.where(plan.pickup_mask()[:, None, :], candidates, rollout.argmax(dim=-1)[:, None, :])
+            safe = torch.where(plan.pickup_mask()[:, None, :], candidates, drafter.argmax(dim=-1)[:, None, :])
             for k in range(cfg.candidates):
-                streams.append(window_stream(f"candidate{k}", candidates[:, k], plan.offsets))
+                streams.append(window_stream(f"candidate{k}", candidates[:, k], cand_plan.offsets))
+            if cfg.draft_alignment == "left":  # the authors' DAR input: drafts one slot left, no x_{c+1}
+                streams.append(window_stream("dar_left", candidates[:, 0], plan.offsets))
         if "block_diffusion" in self.weights:
             truth_b = obj.block_truth(tokens, lengths, batch.ends_with_eos, self.ids["eos"], self.block_length)
             mineru = obj.mineru_noisy_block(truth_b, self.block_length, self.ids["mask"], generator)
@@ -128,21 +157,35 @@ class ObjectiveMix(nn.Module):
             terms["dar"] = obj.dar_loss(clean, layout.stream_logits(logits, "dar"), truth, plan)
         if "darl" in self.weights:
             cfg = self.darl_config
-            dar = obj.dar_loss(clean, layout.stream_logits(logits, "candidate0"), truth, plan)
-            # (B, K, w, V) logits of each slot with candidate k as the window's drafts: what SDB verifies.
-            candidate_logits = torch.stack(
-                [self._ban(obj.slot_logits(clean, layout.stream_logits(logits, f"candidate{k}"), plan))
-                 for k in range(cfg.candidates)], dim=1)
+            if cfg.draft_alignment == "left":
+                dar = obj.dar_loss(clean, layout.stream_logits(logits, "dar_left"), truth, plan)
+            else:
+                dar = obj.dar_loss(clean, layout.stream_logits(logits, "candidate0"), truth, cand_plan)
+            # (B, K, w, V) each window's outputs with candidate k as its drafts: what SDB verifies.
+            outputs = torch.stack([self._ban(layout.stream_logits(logits, f"candidate{k}"))
+                                   for k in range(cfg.candidates)], dim=1)
+            # The same re-indexed by slot: slot 0 from the committed token's clean output.
+            candidate_logits = torch.cat([self._ban(obj.gather_rows(clean, cand_plan.offsets[:, None]))[:, None]
+                                         .expand(-1, cfg.candidates, -1, -1), outputs[:, :, :-1]], dim=2)
             with torch.no_grad():
-                rerun = candidate_logits.argmax(-1)
-                r1, r2 = darl_rewards(candidates, rerun, slot_truth, plan.n_pickup, cfg.reward)
+                r1 = immediate_reward(candidates, cand_truth, plan.n_pickup, cfg.reward)
+                if cfg.lookahead_slots == "window":
+                    next_truth = obj.gather_rows(truth, cand_plan.slot_index() + 1)
+                    r2 = lookahead_reward(outputs.argmax(-1), next_truth, plan.n_pickup, cfg.reward, "window")
+                else:
+                    r2 = lookahead_reward(candidate_logits.argmax(-1), cand_truth, plan.n_pickup, cfg.reward, "init")
                 rewards = r1 + r2 if cfg.lookahead else r1
                 advantages = group_advantages(rewards, cfg.advantage_eps)
-            policy = candidate_logits if cfg.policy_context == "candidate" else rollout[:, None]
+                if cfg.permute_advantages:
+                    advantages = permuted_advantages(advantages, generator)
+            policy = candidate_logits if cfg.policy_context == "candidate" else drafter[:, None]
             token_logp = policy.log_softmax(dim=-1).expand(-1, cfg.candidates, -1, -1).gather(
                 -1, safe[..., None]).squeeze(-1)
-            credited = credited_tokens(candidates, slot_truth, plan.n_pickup, cfg.credit)
-            dtpo = dtpo_loss(token_logp, advantages, credited)
+            credit = credit_weights(candidates, cand_truth, plan.n_pickup, cfg.credit)
+            dtpo = dtpo_loss(token_logp, advantages, credit)
+            if self.record is not None:
+                self.record.update(self._dtpo_record(clean, cand_plan, lengths, safe, token_logp, credit, advantages),
+                                   truth=cand_truth)
             terms["darl"] = dar + cfg.dtpo_coef * dtpo
             has_pickup = (plan.n_pickup > 0).float()
             n_with = has_pickup.sum().clamp_min(1)
@@ -158,10 +201,10 @@ class ObjectiveMix(nn.Module):
             metrics["dtpo_zero_advantage"] = (flat.float() * has_pickup).sum() / n_with
             metrics["reward_mean"] = (rewards.mean(dim=1) * has_pickup).sum() / n_with
             metrics["reward_std"] = (rewards.std(dim=1) * has_pickup).sum() / n_with
-            mean_logp = (token_logp.detach() * credited).sum(-1) / credited.sum(-1).clamp_min(1)
+            mean_logp = (token_logp.detach() * credit).sum(-1)
             metrics["dtpo_objective"] = ((advantages * mean_logp).mean(dim=1) * has_pickup).sum() / n_with
             # What SDB would accept from the greedy candidate: its correct prefix, in tokens.
-            greedy_prefix = lcp_length(candidates[:, 0], slot_truth, pickup_slots(plan.n_pickup, candidates.shape[-1]))
+            greedy_prefix = lcp_length(candidates[:, 0], cand_truth, pickup_slots(plan.n_pickup, candidates.shape[-1]))
             metrics["greedy_accepted"] = (greedy_prefix.float() * has_pickup).sum() / n_with
         if "block_diffusion" in self.weights:
             terms["block_diffusion"] = obj.masked_diffusion_loss(layout.stream_logits(logits, "mineru"), mineru)

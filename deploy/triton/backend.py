@@ -28,7 +28,7 @@ import triton_python_backend_utils as pb_utils
 from components.data.pages import InvalidPageError
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import CommitEvent, DecodeParams, DecodeResult, DecodeStats
-from components.parsing import ParseSettings, make_layout, read_pages, resolve_parse
+from components.parsing import PageParse, ParseSettings, make_layout, read_pages, resolve_parse
 from deploy.triton import protocol
 from deploy.triton.model_source import resolve_model
 from monitoring.backend_metrics import BackendMetrics
@@ -169,7 +169,8 @@ class TritonPythonModel:
         )
 
     def _record_answered(self, params: DecodeParams, stats: DecodeStats | protocol.StreamAccounting, *, text: str,
-                         finished: bool, truncated: bool, image_bytes: bytes, latency: float) -> None:
+                         finished: bool, truncated: bool, image_bytes: bytes, latency: float,
+                         elements: list[dict] | None = None) -> None:
         """Metrics and the production request log (drift checks, low-confidence feedback) of a page
         answered in full."""
         self._record_decoding(params.decoder, stats)
@@ -180,6 +181,7 @@ class TritonPythonModel:
                 mean_confidence=stats.mean_confidence, new_tokens=stats.new_tokens,
                 forward_passes=stats.forward_passes, latency_s=latency, truncated=truncated, text=text,
                 model_version=str(self.model_info.get("version") or self.model_info.get("uri")),
+                elements=elements or [],
             ), image_bytes)
         except OSError as exc:  # a full disk must not fail the request that was already answered
             self.logger.log_warn(f"{self.model_name}: request log write failed: {exc}")
@@ -248,7 +250,8 @@ class TritonPythonModel:
     def _page_response(self, result, params: DecodeParams, image_bytes: bytes, latency: float,
                        batch_size: int) -> pb_utils.InferenceResponse:
         self._record_answered(params, result.stats, text=result.text, finished=result.finished,
-                              truncated=result.truncated, image_bytes=image_bytes, latency=latency)
+                              truncated=result.truncated, image_bytes=image_bytes, latency=latency,
+                              elements=served_elements(result.parse))
         payload = protocol.result_stats(result, params, self.model_info, latency) | {"batch_size": batch_size}
         lead = self._lead()
         return pb_utils.InferenceResponse(output_tensors=[
@@ -305,7 +308,7 @@ class TritonPythonModel:
         self.metrics.record_batch(params.decoder, len(requests))
         pages = [_StreamedPage(request.get_response_sender()) for request in requests]
         if parsed[0][3] == "elements":
-            events = self._element_events([entry[1] for entry in parsed], params)
+            events = self._element_events([entry[1] for entry in parsed], params, pages)
         else:
             events = self.engine.stream([entry[1] for entry in parsed], params, cancelled=lambda row: pages[row].closed)
         try:
@@ -338,12 +341,13 @@ class TritonPythonModel:
             if not page.closed:
                 self._close_finished(page, params, entry[2], started, len(pages))
 
-    def _element_events(self, images: list, params: DecodeParams) -> Iterator[CommitEvent]:
+    def _element_events(self, images: list, params: DecodeParams, pages: list[_StreamedPage]) -> Iterator[CommitEvent]:
         """Element mode on the stream: the pages are parsed (all elements one batch), then each page
         streams one event per decoded element in reading order, its markup followed by the blank
         line that joins elements; the last one is final."""
         results = self._read(images, params, "elements")
         for row, result in enumerate(results):
+            pages[row].elements = served_elements(result.parse)
             decoded = [e for e in result.parse.decoded if e.markup.strip()]
             if not decoded:
                 yield CommitEvent(row=row, token_ids=[], text="", confidences=[], forward_pass=0,
@@ -374,9 +378,19 @@ class TritonPythonModel:
         latency = time.perf_counter() - started
         accounting = page.accounting
         self._record_answered(params, accounting, text="".join(page.text), finished=accounting.finished,
-                              truncated=accounting.truncated, image_bytes=image_bytes, latency=latency)
+                              truncated=accounting.truncated, image_bytes=image_bytes, latency=latency,
+                              elements=page.elements)
         payload = accounting.as_dict(params, self.model_info, latency, cancelled=False) | {"batch_size": batch_size}
         page.sender.send(self._final_response(accounting, payload), flags=FINAL)
+
+
+def served_elements(parse: PageParse | None) -> list[dict]:
+    """The request log's record of a two-stage parse: every element with a box, as served (page
+    mode: none)."""
+    if parse is None:
+        return []
+    return [{"category": e.category, "box": [round(float(v), 1) for v in e.box], "markup": e.markup,
+             "confidence": round(float(e.confidence), 4)} for e in parse.elements if not e.error]
 
 
 @dataclass
@@ -387,3 +401,4 @@ class _StreamedPage:
     accounting: protocol.StreamAccounting = field(default_factory=protocol.StreamAccounting)
     text: list[str] = field(default_factory=list)
     closed: bool = False
+    elements: list[dict] = field(default_factory=list)  # element mode: the served boxes, for the request log
