@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import socket
 import uuid
 from urllib.parse import urlparse
@@ -18,6 +19,7 @@ from components.curation.labelstudio import (
     PagePrediction,
     apply_corrections,
     connect,
+    display_scale,
     ensure_project,
     export_corrections,
     image_data_uri,
@@ -123,7 +125,16 @@ def test_image_data_uri_round_trips_and_rejects_corrupt_images(dataset, tmp_path
     page = dataset.pages()[0]
     uri = image_data_uri(dataset, page)
     assert uri.startswith("data:image/png;base64,")
-    assert base64.b64decode(uri.split(",", 1)[1]) == dataset.image_path(page).read_bytes()
+    # A small page is sent enlarged by a whole factor (Label Studio only ever shrinks it), same content.
+    from PIL import Image, ImageChops
+
+    shown = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).convert("RGB")
+    original = dataset.load_image(page).convert("RGB")
+    scale = display_scale(original.height)
+    assert scale > 1 and shown.size == (original.width * scale, original.height * scale)
+    difference = ImageChops.difference(shown.resize(original.size, Image.Resampling.BOX), original)
+    assert max(channel[1] for channel in difference.getextrema()) < 64
+    assert display_scale(416) == 3 and display_scale(1584) == 1  # a 144-dpi Letter page goes as it is
     broken = PageDataset(tmp_path)
     broken.write([page])
     (tmp_path / page.image).parent.mkdir(parents=True)
@@ -440,3 +451,17 @@ def test_block_view_round_trip_boxes_to_markup(client, project_title, tmp_path):
     client.annotations.create(id=task.id, result=unlabeled, lead_time=1.0)
     latest = max(export_corrections(client, project_id), key=lambda c: c.annotation_id)
     assert not latest.accepted and "has no category" in latest.reason
+
+
+def test_boxes_drawn_on_an_enlarged_page_export_in_page_pixels():
+    """Label Studio records the displayed image's size with each box; a small page is displayed
+    enlarged, so the task's own page size must win or every box would come back 3x too large."""
+    from components.curation.labelstudio import blocks_from_result
+
+    value = {"x": 10.0, "y": 20.0, "width": 50.0, "height": 5.0}
+    common = {"id": "r1", "to_name": "page", "original_width": 960, "original_height": 1248}
+    result = [{**common, "from_name": "layout", "type": "rectanglelabels", "value": {**value, "rectanglelabels": ["text"]}},
+              {**common, "from_name": "transcription", "type": "textarea", "value": {**value, "text": ["body"]}}]
+    elements, problems = blocks_from_result(result, (320, 416))
+    assert problems == [] and elements[0].bbox == pytest.approx((32.0, 83.2, 192.0, 104.0))
+    assert blocks_from_result(result)[0][0].bbox == pytest.approx((96.0, 249.6, 576.0, 312.0))  # older tasks: as recorded

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import html
+import io
 import json
 import math
 import re
@@ -61,19 +62,25 @@ DEFAULT_BATCH_SIZE = 50
 MAX_IMAGE_BYTES = 8 * 1024 * 1024
 UNCERTAINTY_SAMPLING = "Uncertainty sampling"
 
+# The page's width is capped so its whole height fits the window under the headers and the label
+# palette (~330 px with the bottom toolbar) for portrait pages up to A4's 1:1.41.
+IMAGE_MAX_WIDTH = "calc((100vh - 330px) * 0.72)"
+
+
 def _two_column_config(image_extra: str, edit_side: str, image_share: int) -> str:
     """The page image on the left, the editor on the right. ``$validation_error`` is empty until a
     submitted correction fails validation; then the reason shows above the page. The header says
-    which prediction was prefilled (model version and confidence)."""
+    which prediction was prefilled (model version and confidence). ``image_extra`` (the block
+    view's label palette) sits above the page, where a tall page cannot push it under the toolbar."""
     return f"""<View>
   <View style="color: #b00020; font-weight: bold;">
     <Header value="$validation_error" size="5"/>
   </View>
   <Header value="Prefilled: $prediction_source" size="6"/>
   <View style="display: flex; gap: 12px; align-items: flex-start;">
-    <View style="flex: 1 1 {image_share}%;">
-      <Image name="{IMAGE_FIELD}" value="$image" zoom="true" zoomControl="true"/>
-{image_extra}    </View>
+    <View style="flex: 1 1 {image_share}%; min-width: 0;">
+{image_extra}      <Image name="{IMAGE_FIELD}" value="$image" zoom="true" zoomControl="true" maxWidth="{IMAGE_MAX_WIDTH}"/>
+    </View>
     <View style="flex: 1 1 {100 - image_share}%;">
 {edit_side}      <Header value="How sure are you of this correction?" size="6"/>
       <Choices name="{CONFIDENCE_FIELD}" toName="{IMAGE_FIELD}" choice="single" showInline="true" required="false">
@@ -293,11 +300,32 @@ def queued_page_ids(client, project_id: int) -> dict[str, int]:
     return found
 
 
+# Label Studio fits the page to its panel, but draws a page smaller than the panel larger than the
+# panel (the image and its box layer then disagree: synthetic 320x416 pages were cut by 4-10 % on
+# every side at 1400x1000). Pages below this height are sent enlarged by a whole factor, so Label
+# Studio only ever shrinks them; boxes are stored in percent, and exported in page pixels.
+DISPLAY_MIN_HEIGHT = 1200
+
+
+def display_scale(height: int) -> int:
+    """The whole factor a page of this height is enlarged by for Label Studio (1: as it is)."""
+    return max(1, math.ceil(DISPLAY_MIN_HEIGHT / max(1, height)))
+
+
 def image_data_uri(dataset: PageDataset, page) -> str:
-    """The page image as a ``data:image/png;base64,...`` URI (decoded once to reject corrupt files)."""
+    """The page image as a ``data:image/png;base64,...`` URI (decoded once to reject corrupt files),
+    enlarged by :func:`display_scale` when the page is small."""
     path = dataset.image_path(page)
-    dataset.load_image(page)  # raises InvalidPageError with the path if missing or corrupt
+    image = dataset.load_image(page)  # raises InvalidPageError with the path if missing or corrupt
     raw = path.read_bytes()
+    scale = display_scale(image.height)
+    if scale > 1:
+        from PIL import Image
+
+        buffer = io.BytesIO()
+        image.convert("RGB").resize((image.width * scale, image.height * scale), Image.Resampling.LANCZOS).save(
+            buffer, format="PNG", optimize=True)
+        raw = buffer.getvalue()
     if len(raw) > MAX_IMAGE_BYTES:
         raise ValueError(
             f"page {page.page_id!r} image {path} is {len(raw) / 1e6:.1f} MB; data URIs above "
@@ -338,9 +366,13 @@ def block_regions(pred: PagePrediction, page: Page) -> list[dict]:
     return results
 
 
-def blocks_from_result(result: list[dict] | None) -> tuple[list[LayoutElement], list[str]]:
+def blocks_from_result(
+    result: list[dict] | None, page_size: tuple[int, int] | None = None
+) -> tuple[list[LayoutElement], list[str]]:
     """The boxes of a block-view annotation in reading order (top to bottom, then left to right),
-    in page pixels, and the problems that stop it from becoming page markup."""
+    in page pixels, and the problems that stop it from becoming page markup. ``page_size`` (the
+    task's ``page_width``/``page_height``) wins over the size Label Studio recorded, which is the
+    displayed image's (enlarged for small pages)."""
     regions: dict[str, dict] = {}
     for item in result or []:
         if item.get("from_name") not in (LAYOUT_FIELD, TRANSCRIPTION_FIELD) or "id" not in item:
@@ -352,7 +384,7 @@ def blocks_from_result(result: list[dict] | None) -> tuple[list[LayoutElement], 
         region["text"] += value.get("text", [])
     elements, problems = [], []
     for region_id, region in regions.items():
-        value, (width, height) = region["value"], region["size"]
+        value, (width, height) = region["value"], page_size or region["size"]
         labels = [label for label in region["labels"] if label in ALL_CATEGORIES]
         if not labels:
             problems.append(f"box {region_id} has no category (pick one of {', '.join(ALL_CATEGORIES)})")
@@ -427,6 +459,8 @@ def queue_pages(
                 "data": {
                     "image": image_data_uri(dataset, pages[p.page_id]),
                     "page_id": p.page_id,
+                    "page_width": pages[p.page_id].width,
+                    "page_height": pages[p.page_id].height,
                     "confidence": round(float(p.confidence), 6),
                     "model_version": model_version,
                     "prediction_source": f"{model_version} (confidence {p.confidence:.2f})",
@@ -653,7 +687,8 @@ def export_corrections(client, project_id: int) -> list[Correction]:
                 continue
             texts = _result_value(ann.get("result"), MARKUP_FIELD, "text")
             markup = "\n".join(str(t) for t in texts).strip()
-            elements, box_problems = blocks_from_result(ann.get("result"))
+            size = (data["page_width"], data["page_height"]) if data.get("page_width") and data.get("page_height") else None
+            elements, box_problems = blocks_from_result(ann.get("result"), size)
             if elements or box_problems:  # the block view: markup rebuilt from the boxes
                 markup = markup_of(elements)
                 texts = [markup]
