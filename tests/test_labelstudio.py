@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from components.curation.labelstudio import (
+    CURRENT_PREDICTION,
     NEEDS_FIX_VIEW_TITLE,
     ORDER_VIEW_TITLE,
     VALIDATION_META_KEY,
@@ -197,7 +198,7 @@ def test_queue_lowest_confidence_first_with_visible_predictions(client, project_
     assert result.already_queued == []
 
     project = client.projects.get(id=project_id)
-    assert project.model_version == "toy-v1"
+    assert project.model_version == CURRENT_PREDICTION
     expected_markup = {p.page_id: p.markup for p in predictions}
 
     # Default Data Manager order (task id) and our tab both start with the least confident page.
@@ -215,22 +216,27 @@ def test_queue_lowest_confidence_first_with_visible_predictions(client, project_
     assert response.status_code == 200 and response.json()["data"]["page_id"] == by_confidence[0]
     # ... with the model's markup as the prediction the editor pre-fills (the payload the UI renders).
     [shown] = response.json()["predictions"]
-    assert shown["model_version"] == "toy-v1"
+    assert shown["model_version"] == CURRENT_PREDICTION and response.json()["data"]["model_version"] == "toy-v1"
     assert shown["result"][0]["value"]["text"] == [expected_markup[by_confidence[0]]]
 
-    # Predictions are attached with the project's model_version, so the editor shows them.
+    # One prediction per task, filed under the project's model_version so the editor shows it.
     expected = {p.page_id: p for p in predictions}
     for task in client.tasks.list(project=project_id, fields="all"):
         preds = [p if isinstance(p, dict) else p.dict() for p in task.predictions]
-        assert [p["model_version"] for p in preds] == ["toy-v1"]
+        assert [p["model_version"] for p in preds] == [CURRENT_PREDICTION]
         wanted = expected[task.data["page_id"]]
         assert preds[0]["score"] == pytest.approx(wanted.confidence)
         assert preds[0]["result"][0]["value"]["text"] == [wanted.markup]
         assert task.data["image"].startswith("data:image/png;base64,")
 
 
+def _task_predictions(client, project_id: int) -> dict[str, list[dict]]:
+    return {task.data["page_id"]: [p if isinstance(p, dict) else p.dict() for p in task.predictions]
+            for task in client.tasks.list(project=project_id, fields="all")}
+
+
 @pytest.mark.services
-def test_requeue_duplicates_nothing_and_new_version_stays_visible(client, project_title, dataset):
+def test_requeue_keeps_one_current_prediction_per_task(client, project_title, dataset):
     project_id = ensure_project(client, project_title)
     first_round = _predictions(dataset, [0.6, 0.4, 0.8])
     queue_pages(client, project_id, dataset, first_round, "toy-v1", batch_size=2)
@@ -238,23 +244,37 @@ def test_requeue_duplicates_nothing_and_new_version_stays_visible(client, projec
 
     again = queue_pages(client, project_id, dataset, first_round, "toy-v1")
     assert again.queued == [] and sorted(again.already_queued) == sorted(p.page_id for p in first_round)
-    assert again.predictions_added == []
+    assert again.predictions_replaced == []
     assert sorted(t.id for t in client.tasks.list(project=project_id)) == task_ids_before
     assert len(client.predictions.list(project=project_id)) == 3
 
-    # A retrained model re-scores everything and adds a page that is even less certain.
+    # A retrained model re-scores everything and adds a page that is even less certain: each task
+    # keeps one prediction, the newer model's, and lists the one it replaced.
     second_round = _predictions(dataset, [0.7, 0.5, 0.9, 0.1])
     result = queue_pages(client, project_id, dataset, second_round, "toy-v2")
     newest = second_round[3].page_id
     assert result.queued == [newest]
-    assert sorted(result.predictions_added) == sorted(p.page_id for p in first_round)
-    assert len(list(client.tasks.list(project=project_id))) == 4
-    assert client.projects.get(id=project_id).model_version == "toy-v2"
+    assert sorted(result.predictions_replaced) == sorted(p.page_id for p in first_round)
+    assert client.projects.get(id=project_id).model_version == CURRENT_PREDICTION
+    shown = _task_predictions(client, project_id)
+    assert all(len(preds) == 1 for preds in shown.values())
+    tasks = {t.data["page_id"]: t for t in client.tasks.list(project=project_id, fields="all")}
+    assert {page_id: t.data["model_version"] for page_id, t in tasks.items()} == dict.fromkeys(tasks, "toy-v2")
+    old = tasks[first_round[0].page_id].data
+    assert [h["model_version"] for h in old["prediction_history"]] == ["toy-v1"]
+    assert old["confidence"] == pytest.approx(0.7) and old["prediction_source"] == "toy-v2 (confidence 0.70)"
     # The new page has the highest task id, yet our tab still shows it first.
     assert _first_task(client, project_id, view=view_id(client, project_id)).data["page_id"] == newest
-    for task in client.tasks.list(project=project_id, fields="all"):
-        versions = {p["model_version"] if isinstance(p, dict) else p.model_version for p in task.predictions}
-        assert "toy-v2" in versions
+
+    # Another source queues one more page only: nothing is copied, each task keeps the prediction of
+    # the model that made it, and the tab still orders all of them by confidence.
+    page = [p for p in dataset.pages() if p.page_id not in shown][0]
+    queue_pages(client, project_id, dataset, [PagePrediction(page.page_id, page.markup, 0.05)], "other-v3")
+    shown = _task_predictions(client, project_id)
+    assert all(len(preds) == 1 for preds in shown.values()) and len(shown) == 5
+    makers = {t.data["page_id"]: t.data["model_version"] for t in client.tasks.list(project=project_id)}
+    assert makers.pop(page.page_id) == "other-v3" and set(makers.values()) == {"toy-v2"}
+    assert _first_task(client, project_id, view=view_id(client, project_id)).data["page_id"] == page.page_id
 
 
 @pytest.mark.services
@@ -393,8 +413,7 @@ def test_queue_order_holds_across_three_sources_of_tasks(client, project_title, 
     markup = {p.page_id: p.markup for p in predictions}
     for task in client.tasks.list(project=project_id, fields="all"):
         shown = [p if isinstance(p, dict) else p.dict() for p in task.predictions]
-        visible = [p for p in shown if p["model_version"] == "model:def456"]
-        assert [p["result"][0]["value"]["text"] for p in visible] == [[markup[task.data["page_id"]]]]
+        assert [p["result"][0]["value"]["text"] for p in shown] == [[markup[task.data["page_id"]]]]  # one, visible
     by_page = {t.data["page_id"]: t.data["model_version"] for t in client.tasks.list(project=project_id)}
     assert by_page[predictions[0].page_id] == "rapidocr:3.4" and by_page[predictions[2].page_id] == "model:abc123"
 

@@ -11,13 +11,14 @@ Design choices, each against a known Label Studio pain point:
   with the server, and the task stays valid if the dataset moves. The cost is ~1.33× the PNG
   size per task in Label Studio's database and in task listings, which is fine for page-sized
   PNGs (tens of KB here); :data:`MAX_IMAGE_BYTES` refuses absurdly large pages loudly.
-- **Predictions are visible**: Label Studio only shows predictions whose ``model_version`` equals
-  the project's (and scores tasks by them), so :func:`queue_pages` sets the project's
-  ``model_version`` to the one it imports and gives every task already in the project a
-  prediction of that version: the new one for pages it re-scored, a copy of the task's latest
-  prediction (same markup and score) for pages queued from other sources (pre-annotation, hard
-  examples, production feedback). Which model really made a task's prediction stays in the
-  task's ``model_version`` field.
+- **One current prediction per task**, and the task says which model made it. Label Studio's
+  labelling stream pre-fills, and its uncertainty sampling scores, only predictions whose
+  ``model_version`` equals the project's, while the task view lists every prediction as a tab.
+  Pages come from several makers (pre-annotation, hard-example mining, production feedback), so
+  every prediction is filed under one project-wide name, :data:`CURRENT_PREDICTION`; the maker
+  is the task's ``model_version`` field and its header ("Prefilled: <maker> (confidence ...)").
+  A page re-scored by a newer model gets that prediction in place of the old one, never beside
+  it, and the replaced ones are listed in the task's ``prediction_history`` (maker, score, when).
 - **Lowest confidence first**, in every place an annotator looks: tasks are imported in rising
   confidence (Data Manager default order is task id), the project samples by uncertainty
   (``Label All Tasks`` picks the lowest prediction score), and a Data Manager tab orders by
@@ -61,6 +62,9 @@ VALIDATION_META_KEY = "docmarkup_validation"
 DEFAULT_BATCH_SIZE = 50
 MAX_IMAGE_BYTES = 8 * 1024 * 1024
 UNCERTAINTY_SAMPLING = "Uncertainty sampling"
+# The one model_version every prediction is filed under, so Label Studio shows and scores all of
+# them; which model made a task's prediction is in its data (see the module docstring).
+CURRENT_PREDICTION = "current"
 
 # The page's width is capped so its whole height fits the window under the headers and the label
 # palette (~330 px with the bottom toolbar) for portrait pages up to A4's 1:1.41.
@@ -153,7 +157,7 @@ class PagePrediction:
 class QueueResult:
     queued: list[str]  # page ids imported now, in import (lowest confidence first) order
     already_queued: list[str]  # page ids that had a task already
-    predictions_added: list[str]  # already-queued pages that got a prediction of this model_version
+    predictions_replaced: list[str]  # already-queued pages whose prediction this model replaced
     task_ids: dict[str, int]  # page id -> task id for every page passed in
 
 
@@ -253,7 +257,10 @@ def ensure_project(client, title: str, label_config: str = LABEL_CONFIG) -> int:
 def _ensure_views(client, project_id: int) -> None:
     """The two Data Manager tabs annotators work from; created once, found by title after."""
     wanted = {
-        ORDER_VIEW_TITLE: {"title": ORDER_VIEW_TITLE, "ordering": ["tasks:predictions_score"]},
+        # The task's own confidence, kept current with its one prediction: Label Studio's
+        # prediction-score column counts only the project's model version.
+        ORDER_VIEW_TITLE: {"title": ORDER_VIEW_TITLE, "ordering": ["tasks:data.confidence"],
+                           "columnsDisplayType": {"tasks:data.confidence": "Number"}},
         NEEDS_FIX_VIEW_TITLE: {
             "title": NEEDS_FIX_VIEW_TITLE,
             "filters": {
@@ -265,10 +272,14 @@ def _ensure_views(client, project_id: int) -> None:
         },
     }
     existing = _call(client, "list Data Manager views", lambda: client.views.list(project=project_id))
-    titles = {(view.data or {}).get("title") for view in existing}
+    by_title = {(view.data or {}).get("title"): view for view in existing}
     for title, data in wanted.items():  # dict order: the ordering tab comes first
-        if title not in titles:
+        view = by_title.get(title)
+        if view is None:
             _call(client, f"create view {title!r}", lambda d=data: client.views.create(project=project_id, data=d))
+        elif any((view.data or {}).get(key) != value for key, value in data.items()):  # made by an older version
+            _call(client, f"update view {title!r}", lambda v=view, d=data: client.views.update(
+                id=v.id, project=project_id, data={**(v.data or {}), **d}))
 
 
 def view_id(client, project_id: int, title: str = ORDER_VIEW_TITLE) -> int:
@@ -425,7 +436,7 @@ def queue_pages(
     """
     predictions = list(pages_with_predictions)
     if not model_version:
-        raise ValueError("model_version must be a non-empty string (Label Studio hides predictions without a match)")
+        raise ValueError("model_version (the model that made these predictions) must be a non-empty string")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     seen: set[str] = set()
@@ -446,9 +457,9 @@ def queue_pages(
 
     if view not in LABEL_CONFIGS:
         raise ValueError(f"unknown Label Studio view {view!r}; choose one of {sorted(LABEL_CONFIGS)}")
-    predictions_added = _add_missing_predictions(client, project_id, already, existing, model_version, pages, view)
-    if existing:
-        _show_model_version(client, project_id, model_version)
+    predictions_replaced = _replace_predictions(client, project_id, already, existing, model_version, pages, view)
+    if already:  # current predictions exist now (replaced, or already there)
+        _show_current_predictions(client, project_id)
 
     task_ids = {p.page_id: existing[p.page_id] for p in already}
     queued: list[str] = []
@@ -466,7 +477,7 @@ def queue_pages(
                     "prediction_source": f"{model_version} (confidence {p.confidence:.2f})",
                     "validation_error": "",
                 },
-                "predictions": [_prediction(p, model_version, pages[p.page_id], view)],
+                "predictions": [_prediction(p, CURRENT_PREDICTION, pages[p.page_id], view)],
             }
             for p in batch
         ]
@@ -485,67 +496,64 @@ def queue_pages(
             task_ids[pred.page_id] = task_id
             queued.append(pred.page_id)
         if start == 0 and not already:
-            # As soon as predictions of this version exist (Label Studio refuses a model_version
-            # it has no predictions for), so an interrupted import still shows what it queued.
-            _show_model_version(client, project_id, model_version)
+            # As soon as current predictions exist (Label Studio refuses a model_version it has
+            # no predictions for), so an interrupted import still shows what it queued.
+            _show_current_predictions(client, project_id)
         if progress is not None:
             progress(len(queued), len(fresh))
     return QueueResult(
-        queued=queued, already_queued=[p.page_id for p in already], predictions_added=predictions_added,
+        queued=queued, already_queued=[p.page_id for p in already], predictions_replaced=predictions_replaced,
         task_ids=task_ids,
     )
 
 
-def _show_model_version(client, project_id: int, model_version: str) -> None:
-    """Make the project show predictions of ``model_version`` (it hides all other versions)."""
+def _show_current_predictions(client, project_id: int) -> None:
+    """Make the project pre-fill and score by the current predictions (it hides other versions)."""
     _call(
         client,
-        f"set the project's model_version to {model_version!r}",
+        f"set the project's model_version to {CURRENT_PREDICTION!r}",
         lambda: client.projects.update(
-            id=project_id, model_version=model_version, sampling=UNCERTAINTY_SAMPLING, show_collab_predictions=True
+            id=project_id, model_version=CURRENT_PREDICTION, sampling=UNCERTAINTY_SAMPLING, show_collab_predictions=True
         ),
     )
 
 
-def _add_missing_predictions(
+def _replace_predictions(
     client, project_id: int, already: list[PagePrediction], existing: dict[str, int], model_version: str,
     pages: dict[str, Page], view: str,
 ) -> list[str]:
-    """Give every queued task a prediction of this model_version, so it stays visible and scored.
-
-    Pages re-scored in this call get their new prediction; every other task gets a copy of its
-    latest prediction under this version. Returns the page ids of ``already`` that got one.
-    """
-    if not existing:
+    """Give each already-queued page re-scored in this call this model's prediction as its only
+    one; the ones it replaces go to the task's ``prediction_history``. Returns those page ids."""
+    if not already:
         return []
     listed = _call(client, "list predictions", lambda: client.predictions.list(project=project_id))
-    have = {(pred.task, pred.model_version) for pred in listed}
-    latest: dict[int, Any] = {}
+    by_task: dict[int, list[Any]] = {}
     for pred in sorted(listed, key=lambda p: p.id):
-        latest[pred.task] = pred
-    rescored = {existing[p.page_id]: p for p in already}
-    added = []
-    for task_id in sorted(existing.values()):
-        if (task_id, model_version) in have:
-            continue
-        fresh = rescored.get(task_id)
-        if fresh is not None:
-            body = _prediction(fresh, model_version, pages.get(fresh.page_id), view)
-        elif task_id in latest:
-            old = latest[task_id]
-            body = {"model_version": model_version, "score": old.score, "result": old.result}
-        else:
-            continue
-        _call(
-            client,
-            f"add a prediction to task {task_id}",
-            lambda b=body, t=task_id: client.predictions.create(
-                task=t, model_version=b["model_version"], score=b["score"], result=b["result"]
-            ),
-        )
-        if fresh is not None:
-            added.append(fresh.page_id)
-    return added
+        by_task.setdefault(pred.task, []).append(pred)
+    replaced = []
+    for fresh in already:
+        task_id = existing[fresh.page_id]
+        body = _prediction(fresh, CURRENT_PREDICTION, pages.get(fresh.page_id), view)
+        current = by_task.get(task_id, [])
+        task = _call(client, f"read task {task_id}", lambda t=task_id: client.tasks.get(id=t))
+        data = dict(task.data or {})
+        if (len(current) == 1 and current[0].model_version == CURRENT_PREDICTION and data.get("model_version") == model_version
+                and current[0].result == body["result"] and math.isclose(current[0].score or 0.0, body["score"])):
+            continue  # the same prediction is there already
+        maker = data.get("model_version")
+        history = list(data.get("prediction_history") or [])
+        history += [{"model_version": maker if old.model_version == CURRENT_PREDICTION and maker else old.model_version,
+                     "score": old.score, "created_at": _iso(old.created_at)} for old in current]
+        for old in current:
+            _call(client, f"delete prediction {old.id}", lambda o=old: client.predictions.delete(id=o.id))
+        _call(client, f"add a prediction to task {task_id}", lambda b=body, t=task_id: client.predictions.create(
+            task=t, model_version=b["model_version"], score=b["score"], result=b["result"]))
+        data |= {"confidence": round(float(fresh.confidence), 6), "model_version": model_version,
+                 "prediction_source": f"{model_version} (confidence {fresh.confidence:.2f})",
+                 "prediction_history": history}
+        _call(client, f"update task {task_id}", lambda d=data, t=task_id: client.tasks.update(id=t, data=d))
+        replaced.append(fresh.page_id)
+    return replaced
 
 
 # ---------------------------------------------------------------------------------------------
