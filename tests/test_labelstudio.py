@@ -268,7 +268,7 @@ def test_requeue_keeps_one_current_prediction_per_task(client, project_title, da
 
     # Another source queues one more page only: nothing is copied, each task keeps the prediction of
     # the model that made it, and the tab still orders all of them by confidence.
-    page = [p for p in dataset.pages() if p.page_id not in shown][0]
+    page = next(p for p in dataset.pages() if p.page_id not in shown)
     queue_pages(client, project_id, dataset, [PagePrediction(page.page_id, page.markup, 0.05)], "other-v3")
     shown = _task_predictions(client, project_id)
     assert all(len(preds) == 1 for preds in shown.values()) and len(shown) == 5
