@@ -90,7 +90,9 @@ def test_register_and_promote_only_when_gates_pass(report, tiny_model_dir, tmp_p
     assert client.get_experiment(experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
     info = client.get_run(run_1).info
     assert (info.end_time - info.start_time) / 1000 >= 30.0
-    description = client.get_model_version("tiny", version_1).description
+    registered = client.get_model_version("tiny", version_1)
+    assert registered.tags["created_by"] == info.user_id and info.user_id  # MLflow leaves "Created by" blank
+    description = registered.description
     assert description.startswith("PROMOTED to champion") and "ar.overall = " in description and ">= floor 0.00" in description
 
     worse = copy.deepcopy(report)

@@ -139,8 +139,11 @@ def register_version(run_id: str, name: str = DEFAULT_MODEL_NAME, description: s
     except MlflowException:
         client.create_registered_model(name, description="Page image to markup models (docmarkup-ops)")
     run = client.get_run(run_id)
+    # MLflow's registry records no user for a version (its "Created by" stays blank without the auth
+    # app): the run's user goes into a tag, shown on the version's page.
     version = client.create_model_version(
-        name, source=f"{run.info.artifact_uri}/model", run_id=run_id, description=description
+        name, source=f"{run.info.artifact_uri}/model", run_id=run_id, description=description,
+        tags={"created_by": run.info.user_id or "unknown"},
     )
     return str(version.version)
 
