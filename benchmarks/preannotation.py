@@ -30,24 +30,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
-import subprocess
 import sys
 import time
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
 
+from components.data.debian_docs import PackageFetchError, package_file
 from components.data.markup import parse_markup
+from components.data.text_layer import PageTruth, TextLine
+from components.data.text_layer import page_truth as layer_truth
 from components.metrics.table import teds
 from components.metrics.text import clean_text, latex_to_unicode, normalized_edit_distance
 from components.services.process import VAR_DIR
 
 DPI = 150
-FURNITURE_BAND = 0.15  # top and bottom fraction of the page where running heads and folios may sit
 TEXLIVE = "usr/share/doc/texlive-doc/latex"
 
 
@@ -105,119 +105,14 @@ PAGES = (
 
 def fetch_documents(cache: Path, names: set[str]) -> dict[str, Path]:
     """The PDFs of ``names``, downloading and unpacking their Debian packages once."""
-    unpacked = cache / "root"
-    unpacked.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for name in sorted(names):
-        doc = DOCUMENTS[name]
-        pdf = unpacked / doc.path
-        if not pdf.exists():
-            debs = cache / "debs"
-            debs.mkdir(parents=True, exist_ok=True)
-            found = sorted(debs.glob(f"{doc.package}_*.deb"))
-            if not found:
-                print(f"[bench] apt-get download {doc.package}", file=sys.stderr)
-                result = subprocess.run(["apt-get", "download", doc.package], cwd=debs, capture_output=True, text=True)
-                found = sorted(debs.glob(f"{doc.package}_*.deb"))
-                if result.returncode != 0 or not found:
-                    raise SystemExit(f"could not download Debian package {doc.package} (apt-get download: "
-                                     f"{result.stderr.strip()[-300:]}); run `apt-get update` first or copy the .deb "
-                                     f"into {debs}")
-            subprocess.run(["dpkg-deb", "-x", str(found[-1]), str(unpacked)], check=True)
-            if not pdf.exists():
-                raise SystemExit(f"{doc.package} has no {doc.path}")
-        paths[name] = pdf
-    return paths
-
-
-@dataclass
-class TextLine:
-    text: str
-    box: tuple[float, float, float, float]  # image pixels at DPI: x0, y0, x1, y1
-
-
-@dataclass
-class PageTruth:
-    body: list[TextLine] = field(default_factory=list)
-    furniture: list[TextLine] = field(default_factory=list)
-
-    def body_text(self) -> str:
-        return " ".join(line.text for line in self.body)
-
-
-def text_layer_lines(page) -> list[TextLine]:
-    """The page's text layer as lines (content order), boxes in image pixels at :data:`DPI`."""
-    textpage = page.get_textpage()
-    _, height = page.get_size()
-    scale = DPI / 72
-    lines: list[TextLine] = []
-    chars: list[str] = []
-    boxes: list[tuple[float, float, float, float]] = []
-
-    def flush() -> None:
-        text = "".join(chars).replace("\ufffe", "").replace("\x02", "").strip()
-        if text and boxes:
-            x0, y0 = min(b[0] for b in boxes), min(b[1] for b in boxes)
-            x1, y1 = max(b[2] for b in boxes), max(b[3] for b in boxes)
-            lines.append(TextLine(text, (x0 * scale, (height - y1) * scale, x1 * scale, (height - y0) * scale)))
-        chars.clear()
-        boxes.clear()
-
-    for i in range(textpage.count_chars()):
-        char = textpage.get_text_range(i, 1)
-        if char in ("\r", "\n"):
-            if char == "\n" or not chars or chars[-1] not in ("\ufffe", "\x02"):
-                flush()
-            continue
-        chars.append(char)
-        if not char.isspace():
-            boxes.append(textpage.get_charbox(i))
-    flush()
-    return lines
-
-
-def _masked(text: str) -> str:
-    return re.sub(r"\d+", "#", " ".join(text.split()))
-
-
-def _edge_lines(lines: list[TextLine], page_height: float) -> list[TextLine]:
-    """Lines in the top or bottom :data:`FURNITURE_BAND` of the page."""
-    band = FURNITURE_BAND * page_height
-    return [line for line in lines if line.box[3] <= band or line.box[1] >= page_height - band]
+    try:
+        return {name: package_file(cache, DOCUMENTS[name].package, DOCUMENTS[name].path) for name in sorted(names)}
+    except PackageFetchError as exc:
+        raise SystemExit(str(exc)) from exc
 
 
 def page_truth(pdf, index: int) -> PageTruth:
-    """Body and furniture lines of one PDF page.
-
-    Furniture is a line near the top or bottom edge whose text, digits masked, recurs near an
-    edge of a neighbouring page (a running head: letters, not just a number), or the page's topmost or bottommost line
-    when it is a bare page number or stands apart (gap over 1.5 line heights); everything
-    else, in text-layer order, is body (footnotes included).
-    """
-    height = pdf[index].get_size()[1] * DPI / 72
-    neighbours = set()
-    for other in (index - 2, index - 1, index + 1, index + 2):
-        if 0 <= other < len(pdf):
-            neighbours |= {_masked(line.text) for line in _edge_lines(text_layer_lines(pdf[other]), height)}
-    lines = text_layer_lines(pdf[index])
-    edge = {id(line) for line in _edge_lines(lines, height)}
-    by_top = sorted(lines, key=lambda line: line.box[1])
-    extremes = {}
-    if len(by_top) >= 2:
-        top, second = by_top[0], by_top[1]
-        extremes[id(top)] = second.box[1] - top.box[3]
-        by_bottom = sorted(lines, key=lambda line: -line.box[3])
-        bottom, second = by_bottom[0], by_bottom[1]
-        extremes[id(bottom)] = bottom.box[1] - second.box[3]
-    truth = PageTruth()
-    for line in lines:
-        line_height = line.box[3] - line.box[1]
-        folio = re.fullmatch(r"[0-9]+|[ivxlc]+", line.text.strip(), re.IGNORECASE) is not None
-        apart = id(line) in extremes and (folio or extremes[id(line)] > 1.5 * line_height)
-        running = re.search(r"[^\W\d]{2}", line.text) is not None and _masked(line.text) in neighbours
-        furniture = id(line) in edge and (apart or running)
-        (truth.furniture if furniture else truth.body).append(line)
-    return truth
+    return layer_truth(pdf, index, DPI)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -51,7 +51,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from PIL import Image
 
-from components.data.pages import IMAGES_DIR, LEGACY_MANIFEST, InvalidPageError, LayoutElement, Page, atomic_write_text, load_image
+from components.data.pages import (
+    IMAGES_DIR,
+    LEGACY_MANIFEST,
+    InvalidPageError,
+    LayoutElement,
+    Page,
+    atomic_write_text,
+    load_image,
+)
 
 SHARDS_DIR = "pages"
 INDEX_NAME = "_index.json"

@@ -6,7 +6,6 @@ Where pages are kept is :mod:`components.data.page_store`.
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import tempfile

@@ -28,8 +28,8 @@ import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_raw
 from PIL import Image, ImageOps
 
-from components.data.pages import InvalidPageError, Page, load_image, validate_image
 from components.data.page_store import PageDataset
+from components.data.pages import InvalidPageError, Page, load_image, validate_image
 
 PDF_SUFFIXES = (".pdf",)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")

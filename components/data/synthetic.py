@@ -17,8 +17,8 @@ from pathlib import Path
 import matplotlib
 from PIL import Image, ImageDraw, ImageFont
 
-from components.data.pages import LayoutElement, Page
 from components.data.page_store import PageDataset
+from components.data.pages import LayoutElement, Page
 
 matplotlib.use("Agg")
 from matplotlib import mathtext  # (after use(): the backend must be chosen first)

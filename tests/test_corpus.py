@@ -1,0 +1,73 @@
+"""The real-document corpus: text-layer lines become elements, documents split as a whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from components.data.corpus import HELD_OUT_PACKAGES, document_split, page_elements
+from components.data.text_layer import TextLine
+
+
+def _line(text: str, y: float, x: float = 100.0, size: float = 10.0, mono: bool = False, width: float = 400.0) -> TextLine:
+    return TextLine(text, (x, y, x + width, y + 20.0), size, mono)
+
+
+def test_lines_group_into_titles_paragraphs_and_indented_code():
+    body = [
+        _line("2.1 Installing", 100, size=14.4, width=200),
+        _line("The package installs with one", 140), _line("command and no options.", 162),
+        _line("install(pkg,", 200, mono=True, width=120), _line("repos = NULL)", 222, x=130, mono=True, width=130),
+        _line("After a gap, a new paragraph.", 300),
+    ]
+    furniture = [_line("Chapter 2: Setup", 20), _line("17", 1500, width=20)]
+    elements = page_elements(body, furniture, height=1600)
+    assert [e.category for e in elements] == ["header", "title", "text", "code", "text", "footer"]
+    assert elements[2].content == "The package installs with one command and no options."
+    assert elements[3].content == "install(pkg,\n   repos = NULL)"  # 30 px at 10 px per character
+    assert elements[1].bbox == (100.0, 100.0, 300.0, 120.0)
+
+
+def test_a_column_change_starts_a_new_block_and_detected_tables_are_not_text():
+    from components.parsing.layout.region import LayoutRegion
+
+    body = [_line("left column line one", 100), _line("left column line two", 122),
+            _line("right column line one", 100, x=700), _line("a table cell 12", 400, x=100)]
+    table = LayoutRegion("table", (90.0, 390.0, 600.0, 430.0), 0.9)
+    elements = page_elements(body, [], height=1600, regions=[table])
+    assert [(e.category, e.content) for e in elements] == [
+        ("text", "left column line one left column line two"), ("text", "right column line one"), ("figure", "")]
+
+
+def test_documents_split_whole_and_held_out_ones_are_test():
+    assert all(document_split(package, Path("manual.pdf"), f"pdf:{package}") == "test" for package in HELD_OUT_PACKAGES)
+    assert document_split("r-doc-pdf", Path("R-intro.pdf"), "pdf:abc") == "test"  # a benchmark document
+    splits = [document_split("r-doc-pdf", Path(f"doc{i}.pdf"), f"pdf:{i:04d}") for i in range(400)]
+    assert set(splits) == {"train", "val"} and 0.02 < splits.count("val") / 400 < 0.09
+    assert document_split("r-doc-pdf", Path("x.pdf"), "pdf:0007") == splits[7]  # a function of the document only
+
+
+def test_text_layer_reads_size_and_monospace_from_a_real_pdf(tmp_path):
+    """A PDF written by matplotlib (DejaVu Sans and DejaVu Sans Mono, embedded with their text)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pypdfium2 as pdfium
+
+    from components.data.text_layer import text_layer_lines
+
+    figure = plt.figure(figsize=(6, 4))
+    figure.text(0.1, 0.8, "A Heading", fontsize=18, family="DejaVu Sans")
+    figure.text(0.1, 0.6, "body text in a proportional font", fontsize=10, family="DejaVu Sans")
+    figure.text(0.1, 0.4, "x = f(y) # code", fontsize=10, family="DejaVu Sans Mono")
+    figure.savefig(tmp_path / "page.pdf")
+    plt.close(figure)
+    lines = text_layer_lines(pdfium.PdfDocument(str(tmp_path / "page.pdf"))[0], dpi=144)
+    by_text = {line.text: line for line in lines}
+    assert set(by_text) == {"A Heading", "body text in a proportional font", "x = f(y) # code"}
+    assert by_text["A Heading"].size == pytest.approx(18, rel=0.05) and not by_text["A Heading"].mono
+    assert by_text["x = f(y) # code"].mono and not by_text["body text in a proportional font"].mono
+    heading = by_text["A Heading"].box
+    assert heading[0] == pytest.approx(0.1 * 6 * 144, abs=6)  # image pixels at 144 dpi
