@@ -22,7 +22,8 @@ def test_lines_group_into_titles_paragraphs_and_indented_code():
         _line("After a gap, a new paragraph.", 300),
     ]
     furniture = [_line("Chapter 2: Setup", 20), _line("17", 1500, width=20)]
-    elements = page_elements(body, furniture, height=1600)
+    elements, lines = page_elements(body, furniture, height=1600)
+    assert [len(group) for group in lines] == [1, 1, 2, 2, 1, 1]  # each element's line boxes
     assert [e.category for e in elements] == ["header", "title", "text", "code", "text", "footer"]
     assert elements[2].content == "The package installs with one command and no options."
     assert elements[3].content == "install(pkg,\n   repos = NULL)"  # 30 px at 10 px per character
@@ -35,7 +36,8 @@ def test_a_column_change_starts_a_new_block_and_detected_tables_are_not_text():
     body = [_line("left column line one", 100), _line("left column line two", 122),
             _line("right column line one", 100, x=700), _line("a table cell 12", 400, x=100)]
     table = LayoutRegion("table", (90.0, 390.0, 600.0, 430.0), 0.9)
-    elements = page_elements(body, [], height=1600, regions=[table])
+    elements, lines = page_elements(body, [], height=1600, regions=[table])
+    assert lines[-1] == []  # a figure has no text lines
     assert [(e.category, e.content) for e in elements] == [
         ("text", "left column line one left column line two"), ("text", "right column line one"), ("figure", "")]
 

@@ -24,7 +24,8 @@ Splits are by document, never by page: every page of the held-out packages and b
 documents (:data:`HELD_OUT_PACKAGES`, :data:`HELD_OUT_DOCUMENTS`) is ``test``; of the other
 documents a hash of the document picks ``val`` (5 %) or ``train``. The stores are
 ``DIR/train``, ``DIR/val``, ``DIR/test``; ``DIR/corpus.json`` reports documents, pages, elements
-and characters per split, what was skipped and why, and the build time. ``--dvc`` versions
+and characters per split, what was skipped and why, and the build time. Each page's
+``meta.element_lines`` holds every element's line boxes, for readers that encode lines. ``--dvc`` versions
 ``DIR`` with DVC (it must be inside the repository).
 """
 
@@ -139,9 +140,13 @@ def _block_element(lines: list[TextLine], body_size: float) -> LayoutElement:
     return LayoutElement("text", box, text)
 
 
+Box = tuple[float, float, float, float]
+
+
 def page_elements(body: list[TextLine], furniture: list[TextLine], height: float,
-                  regions: list | None = None) -> list[LayoutElement]:
-    """The page's elements in reading order: headers, body blocks in text-layer order, footers."""
+                  regions: list | None = None) -> tuple[list[LayoutElement], list[list[Box]]]:
+    """The page's elements in reading order (headers, body blocks in text-layer order, figures,
+    footers) and each element's line boxes (a line-level reader encodes them one by one)."""
     regions = regions or []
     blocked = [r for r in regions if r.category in NON_TEXT_REGIONS]
     textual = [r for r in regions if r.category not in NON_TEXT_REGIONS]
@@ -159,10 +164,15 @@ def page_elements(body: list[TextLine], furniture: list[TextLine], height: float
                 continue
         blocks.append([line])
         region_of.append(region)
-    head = [LayoutElement("header", line.box, line.text) for line in furniture if _centre(line.box)[1] < height / 2]
-    foot = [LayoutElement("footer", line.box, line.text) for line in furniture if _centre(line.box)[1] >= height / 2]
-    figures = [LayoutElement("figure", tuple(float(v) for v in r.box)) for r in blocked]
-    return head + [_block_element(block, body_size) for block in blocks] + figures + foot
+    head = [[line] for line in furniture if _centre(line.box)[1] < height / 2]
+    foot = [[line] for line in furniture if _centre(line.box)[1] >= height / 2]
+    elements = ([LayoutElement("header", line.box, line.text) for [line] in head]
+                + [_block_element(block, body_size) for block in blocks]
+                + [LayoutElement("figure", tuple(float(v) for v in r.box)) for r in blocked]
+                + [LayoutElement("footer", line.box, line.text) for [line] in foot])
+    lines = [[tuple(round(v, 1) for v in line.box) for line in group] for group in head + blocks] + [[] for _ in blocked] \
+        + [[tuple(round(v, 1) for v in line.box) for line in group] for group in foot]
+    return elements, lines
 
 
 def _sample_indices(count: int, limit: int) -> list[int]:
@@ -174,7 +184,7 @@ def _sample_indices(count: int, limit: int) -> list[int]:
 
 def build_corpus(packages: list[str], out: Path, *, cache: Path, dpi: float = DEFAULT_DPI, max_pages: int | None = None,
                  pages_per_document: int = 24, regions: RegionFinder | None = None,
-                 progress: Callable[[str], None] = print) -> CorpusReport:
+                 progress: Callable[[str], None] = lambda line: print(line, flush=True)) -> CorpusReport:
     """Write the corpus of ``packages`` into ``out/<split>`` page stores; see the module docstring."""
     import pypdfium2 as pdfium
 
@@ -225,13 +235,15 @@ def build_corpus(packages: list[str], out: Path, *, cache: Path, dpi: float = DE
                 except (pdfium.PdfiumError, ValueError, OSError) as exc:
                     report.skipped[f"page does not render: {type(exc).__name__}"] += 1
                     continue
-                elements = page_elements(truth.body, truth.furniture, image.height, regions(image) if regions else None)
+                elements, line_boxes = page_elements(truth.body, truth.furniture, image.height,
+                                                     regions(image) if regions else None)
                 page_id = pdf_page_id(digest, index + 1)
                 store = stores[split]
                 page = Page(page_id=page_id, image=store.save_image(page_id, image), width=image.width,
                             height=image.height, elements=elements, source=f"debian:{package}",
                             meta={"document_id": document_id, "package": package, "pdf": path.name,
-                                  "page_number": index + 1, "render_dpi": dpi, "split": split})
+                                  "page_number": index + 1, "render_dpi": dpi, "split": split,
+                                  "element_lines": line_boxes})
                 pending[split].append(page)
                 if len(pending[split]) >= 64:
                     flush(split)
