@@ -90,4 +90,4 @@ def ppocr_charset(path: str | Path | None = None) -> list[str]:
 
     model = onnx.load(str(path or ppocr_recognizer_path()), load_external_data=False)
     characters = next(p.value for p in model.metadata_props if p.key == "character")
-    return characters.split("\n") + [" "]
+    return [*characters.split("\n"), " "]

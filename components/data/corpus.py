@@ -218,16 +218,23 @@ def build_corpus(packages: list[str], out: Path, *, cache: Path, dpi: float = DE
                 report.skipped["document does not open"] += 1
                 continue
             kept_pages = 0
+            extracted: dict[int, list[TextLine]] = {}
+
+            def lines_of(number: int, pdf=pdf, extracted=extracted) -> list[TextLine]:
+                if number not in extracted:
+                    extracted[number] = text_layer_lines(pdf[number], dpi)
+                return extracted[number]
+
             for index in _sample_indices(len(pdf), pages_per_document):
                 if max_pages is not None and total >= max_pages:
                     break
                 try:
-                    lines = text_layer_lines(pdf[index], dpi)
+                    lines = lines_of(index)
                     problem = _unusable(lines)
                     if problem:
                         report.skipped[problem] += 1
                         continue
-                    truth = page_truth(pdf, index, dpi, lines)
+                    truth = page_truth(pdf, index, dpi, lines, lines_of)
                     if len(truth.body) < MIN_BODY_LINES:
                         report.skipped["fewer than 3 body lines"] += 1
                         continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import re
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pypdfium2.raw as pdfium_raw
@@ -101,20 +102,23 @@ def _edge_lines(lines: list[TextLine], page_height: float) -> list[TextLine]:
     return [line for line in lines if line.box[3] <= band or line.box[1] >= page_height - band]
 
 
-def page_truth(pdf, index: int, dpi: float, lines: list[TextLine] | None = None) -> PageTruth:
+def page_truth(pdf, index: int, dpi: float, lines: list[TextLine] | None = None,
+               lines_of: Callable[[int], list[TextLine]] | None = None) -> PageTruth:
     """Body and furniture lines of one PDF page.
 
     Furniture is a line near the top or bottom edge whose text, digits masked, recurs near an
     edge of a neighbouring page (a running head: letters, not just a number), or the page's
     topmost or bottommost line when it is a bare page number or stands apart (gap over 1.5 line
-    heights); everything else, in text-layer order, is body (footnotes included).
+    heights); everything else, in text-layer order, is body (footnotes included). ``lines_of``
+    (page index -> lines) lets a caller reading many pages of one document extract each page once.
     """
+    lines_of = lines_of or (lambda number: text_layer_lines(pdf[number], dpi))
     height = pdf[index].get_size()[1] * dpi / 72
     neighbours = set()
     for other in (index - 2, index - 1, index + 1, index + 2):
         if 0 <= other < len(pdf):
-            neighbours |= {_masked(line.text) for line in _edge_lines(text_layer_lines(pdf[other], dpi), height)}
-    lines = text_layer_lines(pdf[index], dpi) if lines is None else lines
+            neighbours |= {_masked(line.text) for line in _edge_lines(lines_of(other), height)}
+    lines = lines_of(index) if lines is None else lines
     edge = {id(line) for line in _edge_lines(lines, height)}
     by_top = sorted(lines, key=lambda line: line.box[1])
     extremes = {}
