@@ -73,3 +73,19 @@ def test_text_layer_reads_size_and_monospace_from_a_real_pdf(tmp_path):
     assert by_text["x = f(y) # code"].mono and not by_text["body text in a proportional font"].mono
     heading = by_text["A Heading"].box
     assert heading[0] == pytest.approx(0.1 * 6 * 144, abs=6)  # image pixels at 144 dpi
+
+
+def test_synthetic_table_and_formula_pages_join_train_and_val(tmp_path):
+    import json
+
+    from components.data.corpus import build_corpus
+    from components.data.page_store import PageDataset
+
+    report = build_corpus([], tmp_path / "corpus", cache=tmp_path / "cache", synthetic_pages=20, progress=lambda _: None)
+    train, val = PageDataset(tmp_path / "corpus" / "train"), PageDataset(tmp_path / "corpus" / "val")
+    assert (len(train), len(val)) == (19, 1) and report.pages == {"train": 19, "val": 1}
+    page = train.pages()[0]
+    assert (page.width, page.height) == (768, 1024) and train.load_image(page).size == (768, 1024)
+    assert report.elements["table"] > 0 and report.elements["formula"] > 0
+    recorded = json.loads((tmp_path / "corpus" / "corpus.json").read_text())
+    assert recorded["synthetic_pages"] == 20 and recorded["pages"] == {"train": 19, "val": 1}

@@ -1,7 +1,8 @@
 """A real-document corpus: pages of Debian's PDF manuals with exact text, as page stores per split.
 
     python -m components.data.corpus build --packages P1,P2,... --out DIR [--max-pages N]
-        [--pages-per-document 24] [--dpi 144] [--layout rapid-layout|none] [--cache var/debian] [--dvc]
+        [--pages-per-document 24] [--dpi 144] [--layout rapid-layout|none] [--cache var/debian]
+        [--synthetic-pages N] [--dvc]
 
 Each package is fetched with ``apt-get download`` and unpacked (:mod:`components.data.debian_docs`);
 every PDF it ships is a document. Pages are rendered at ``--dpi`` and read from their text layer
@@ -15,6 +16,9 @@ running heads and folios (furniture). Lines become elements:
   and changes of size or font;
 - ``figure`` (layout-only): a table, figure or formula region found by rapid-layout (the text
   layer cannot give their markup); its lines are not used as text.
+
+Tables and formulas with exact markup come from the synthetic generator instead
+(``--synthetic-pages N``: its ``standard`` preset, 768x1024 with real fonts) into train and val.
 
 With ``--layout rapid-layout`` a block is also split where its lines fall in different detected
 regions, so blocks follow the detector where the two agree. Pages whose text layer is unusable
@@ -58,6 +62,7 @@ HELD_OUT_DOCUMENTS = (("texlive-publishers-doc", "sample-sigconf.pdf"), ("texliv
                       ("texlive-latex-recommended-doc", "listings.pdf"), ("r-doc-pdf", "R-intro.pdf"),
                       ("gnuplot-doc", "gnuplot.pdf"))
 VAL_FRACTION = 0.05
+SYNTHETIC_SEED = 60_000_000  # synthetic table and formula pages: seeds outside every other use
 TITLE_SIZE_RATIO = 1.2
 MAX_TITLE_LINES = 3
 MIN_BODY_LINES = 3
@@ -183,7 +188,7 @@ def _sample_indices(count: int, limit: int) -> list[int]:
 
 
 def build_corpus(packages: list[str], out: Path, *, cache: Path, dpi: float = DEFAULT_DPI, max_pages: int | None = None,
-                 pages_per_document: int = 24, regions: RegionFinder | None = None,
+                 pages_per_document: int = 24, regions: RegionFinder | None = None, synthetic_pages: int = 0,
                  progress: Callable[[str], None] = lambda line: print(line, flush=True)) -> CorpusReport:
     """Write the corpus of ``packages`` into ``out/<split>`` page stores; see the module docstring."""
     import pypdfium2 as pdfium
@@ -266,10 +271,36 @@ def build_corpus(packages: list[str], out: Path, *, cache: Path, dpi: float = DE
                      f"{time.perf_counter() - started:.0f} s")
     for split in stores:
         flush(split)
+    if synthetic_pages:
+        add_synthetic_pages(out, synthetic_pages, report)
     report.seconds = time.perf_counter() - started
     out.mkdir(parents=True, exist_ok=True)
-    (out / "corpus.json").write_text(json.dumps({"packages": packages, "dpi": dpi, **report.as_dict()}, indent=2))
+    (out / "corpus.json").write_text(json.dumps({"packages": packages, "dpi": dpi, "synthetic_pages": synthetic_pages,
+                                                 **report.as_dict()}, indent=2))
     return report
+
+
+def add_synthetic_pages(out: Path, count: int, report: CorpusReport, seed: int = SYNTHETIC_SEED) -> None:
+    """``count`` synthetic pages of the ``standard`` preset (768x1024, tables and formulas with
+    exact markup, drawn with real fonts) into the train split, and every twentieth into val."""
+    from components.data.synthetic import SyntheticConfig, generate_page
+
+    config = SyntheticConfig.preset("standard")
+    pending: dict[str, list[Page]] = {"train": [], "val": []}
+    for offset in range(count):
+        page, image = generate_page(seed + offset, config)
+        split = "val" if offset % 20 == 19 else "train"
+        store = PageDataset(out / split)
+        page.image = store.save_image(page.page_id, image)
+        page.meta |= {"split": split, "document_id": f"synthetic:{(seed + offset) // 100}"}
+        pending[split].append(page)
+        report.pages[split] += 1
+        report.elements.update(e.category for e in page.elements)
+        report.characters[split] += sum(len(e.content) for e in page.elements)
+    for split, pages in pending.items():
+        if pages:
+            PageDataset(out / split).upsert(pages)
+            report.documents[split] += len({p.meta["document_id"] for p in pages})
 
 
 def _rapid_layout_regions() -> RegionFinder:
@@ -293,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--dpi", type=float, default=DEFAULT_DPI)
     build.add_argument("--layout", choices=("rapid-layout", "none"), default="rapid-layout")
     build.add_argument("--cache", type=Path, default=Path("var") / "debian")
+    build.add_argument("--synthetic-pages", type=int, default=0,
+                       help="add this many synthetic 768x1024 pages (tables and formulas with exact markup)")
     build.add_argument("--dvc", action="store_true", help="version --out with DVC (inside the repository)")
     args = parser.parse_args(argv)
     packages = [p.strip() for p in args.packages.split(",") if p.strip()]
@@ -300,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--packages names no package")
     regions = _rapid_layout_regions() if args.layout == "rapid-layout" else None
     report = build_corpus(packages, args.out, cache=args.cache, dpi=args.dpi, max_pages=args.max_pages,
-                          pages_per_document=args.pages_per_document, regions=regions)
+                          pages_per_document=args.pages_per_document, regions=regions,
+                          synthetic_pages=args.synthetic_pages)
     print(json.dumps(report.as_dict(), indent=2))
     if args.dvc:
         from components.data.versioning import DataVersioner
