@@ -53,6 +53,14 @@ def _monospace(textpage, index: int, cache: dict[str, bool]) -> bool:
     return cache[name]
 
 
+def _same_visual_line(boxes: list[tuple[float, float, float, float]], box: tuple[float, float, float, float]) -> bool:
+    """Whether a character box (PDF points, y up) overlaps the line so far vertically by at least
+    a third of the smaller height: a superscript stays on its line, the next line does not."""
+    bottom, top = min(b[1] for b in boxes), max(b[3] for b in boxes)
+    overlap = min(top, box[3]) - max(bottom, box[1])
+    return overlap >= min(top - bottom, box[3] - box[1]) / 3
+
+
 def text_layer_lines(page, dpi: float) -> list[TextLine]:
     """The page's text layer as lines (content order), boxes in image pixels at ``dpi``."""
     textpage = page.get_textpage()
@@ -83,9 +91,12 @@ def text_layer_lines(page, dpi: float) -> list[TextLine]:
             if char == "\n" or not chars or chars[-1] not in ("\ufffe", "\x02"):
                 flush()
             continue
+        box = textpage.get_charbox(i) if not char.isspace() else None
+        if box is not None and boxes and not _same_visual_line(boxes, box):
+            flush()  # some producers write no line break between visual lines
         chars.append(char)
-        if not char.isspace():
-            boxes.append(textpage.get_charbox(i))
+        if box is not None:
+            boxes.append(box)
             sizes.append(float(pdfium_raw.FPDFText_GetFontSize(textpage.raw, i)))
             mono.append(_monospace(textpage, i, fonts))
     flush()
