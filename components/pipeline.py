@@ -161,7 +161,8 @@ class DeploySection(_Strict):
     smoke_pages: int = Field(4, ge=0)
     smoke_timeout_s: float = Field(120.0, gt=0)  # per request of the smoke test and the served-version check
     # How the Triton models serve (deploy/triton/repository.py): torch device of the backend
-    # ("cuda" on GPU nodes), model instances, requests decoded together, torch threads per instance.
+    # ("cuda" or "cuda:N" on GPU nodes: KIND_GPU instances on that GPU), model instances, requests
+    # decoded together, torch threads per instance.
     device: str = "cpu"
     instance_count: int = Field(1, ge=1)
     max_batch_size: int = Field(8, ge=0)

@@ -129,6 +129,24 @@ def test_materialized_repository_points_both_models_at_the_model(model_dir, tmp_
     assert read_parameters((local / "docmarkup" / "config.pbtxt").read_text())["model_uri"] == str(model_dir)
 
 
+def test_a_cuda_device_gives_gpu_instances_on_that_gpu(model_dir, tmp_path):
+    """``device: cuda:1`` gives KIND_GPU instances on GPU 1 (Triton then says which GPU each instance
+    has, and the backend puts its engine there); an unknown device is refused before writing."""
+    from deploy.triton.repository import instance_device
+
+    repository = materialize_repository(model_dir, tmp_path / "repo", device="cuda:1", instance_count=2)
+    for model in MODEL_NAMES:
+        text = (repository / model / "config.pbtxt").read_text()
+        assert "instance_group [ { kind: KIND_GPU count: 2 gpus: [ 1 ] } ]" in text and "KIND_CPU" not in text
+        assert read_parameters(text)["device"] == "cuda:1"
+    assert "KIND_CPU count: 1" in (materialize_repository(model_dir, tmp_path / "cpu") / "docmarkup" / "config.pbtxt").read_text()
+    with pytest.raises(ValueError, match="not cpu, cuda or cuda:N"):
+        materialize_repository(model_dir, tmp_path / "bad", device="gpu0")
+    assert instance_device("cuda:1", {"model_instance_kind": "GPU", "model_instance_device_id": "1"}) == "cuda:1"
+    assert instance_device("cuda", {"model_instance_kind": "GPU", "model_instance_device_id": "3"}) == "cuda:3"
+    assert instance_device("cpu", {"model_instance_kind": "CPU"}) == "cpu" and instance_device(None, {}) == "cpu"
+
+
 def test_repository_refuses_a_folder_without_a_model(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         materialize_repository(tmp_path, tmp_path / "repo")

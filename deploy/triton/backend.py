@@ -31,6 +31,7 @@ from components.decoding.types import CommitEvent, DecodeParams, DecodeResult, D
 from components.parsing import PageParse, ParseSettings, make_layout, read_pages, resolve_parse
 from deploy.triton import protocol
 from deploy.triton.model_source import resolve_model
+from deploy.triton.repository import instance_device
 from monitoring.backend_metrics import BackendMetrics
 from monitoring.request_log import RequestLog, ServedPage
 
@@ -83,7 +84,7 @@ class TritonPythonModel:
             cache_dir=Path(parameters["model_cache_dir"]) if parameters.get("model_cache_dir") else None,
         )
         self.model_info = resolved.describe()
-        self.engine = DecodingEngine.from_pretrained(resolved.path, device=parameters.get("device") or "cpu")
+        self.engine = DecodingEngine.from_pretrained(resolved.path, device=instance_device(parameters.get("device"), args))
         self.default_parse = resolve_parse(parameters.get("default_parse") or "auto", resolved.path)
         self.metrics = BackendMetrics(pb_utils, self.model_name,
                                       model_version=str(resolved.version) if resolved.version else "local")

@@ -23,9 +23,30 @@ PARSE_MODES = ("auto", "page", "elements")  # auto: as the model was trained (co
 LAYOUTS = ("rapid-layout",)  # layouts a server can run on a bare page (ground truth needs the page record)
 
 _PARAMETER = re.compile(r'parameters\s*\{\s*key:\s*"(?P<key>[^"]+)"\s*value:\s*\{\s*string_value:\s*"(?:[^"\\]|\\.)*"\s*\}\s*\}')
-_INSTANCE_COUNT = re.compile(r"(instance_group\s*\[\s*\{\s*kind:\s*KIND_CPU\s+count:\s*)\d+")
+_INSTANCE_GROUP = re.compile(r"instance_group\s*\[\s*\{\s*kind:\s*KIND_CPU\s+count:\s*\d+\s*\}\s*\]")
+_CUDA_DEVICE = re.compile(r"cuda(?::(\d+))?")
+
+
+def instance_group(device: str, count: int) -> str:
+    """Triton's instance group for ``device``: ``cpu``, or ``cuda`` / ``cuda:N`` (GPU N, default 0);
+    each instance loads its own engine (the backend puts it on the instance's GPU)."""
+    if device == "cpu":
+        return f"instance_group [ {{ kind: KIND_CPU count: {count} }} ]"
+    match = _CUDA_DEVICE.fullmatch(device)
+    if match is None:
+        raise ValueError(f"device {device!r} is not cpu, cuda or cuda:N")
+    return f"instance_group [ {{ kind: KIND_GPU count: {count} gpus: [ {int(match.group(1) or 0)} ] }} ]"
 _MAX_BATCH_SIZE = re.compile(r"^max_batch_size:\s*\d+", re.MULTILINE)
 _DYNAMIC_BATCHING = re.compile(r"^dynamic_batching\s*\{[^}]*\}\n?", re.MULTILINE)
+
+
+def instance_device(configured: str | None, args: dict) -> str:
+    """The torch device of this model instance: a ``KIND_GPU`` instance runs on the GPU Triton gave
+    it (``model_instance_device_id``), whatever index the configured ``cuda:N`` named."""
+    configured = configured or "cpu"
+    if configured.startswith("cuda") and args.get("model_instance_kind") == "GPU":
+        return f"cuda:{int(args.get('model_instance_device_id') or 0)}"
+    return configured
 
 
 def _pbtxt_string(value: str) -> str:
@@ -99,6 +120,7 @@ def materialize_repository(
         raise ValueError(f"layout {layout!r} is not one of {LAYOUTS}")
     if instance_count < 1:
         raise ValueError("instance_count must be at least 1")
+    instance_group(device, instance_count)  # refuses an unknown device before anything is written
     if max_batch_size < 0:
         raise ValueError("max_batch_size must be >= 0 (0 = no batching)")
     if torch_threads < 0:
@@ -130,9 +152,9 @@ def materialize_repository(
     for model in MODEL_NAMES:
         config = staging / model / "config.pbtxt"
         text = set_parameters(config.read_text(), parameters)
-        text, count = _INSTANCE_COUNT.subn(rf"\g<1>{instance_count}", text)
+        text, count = _INSTANCE_GROUP.subn(instance_group(device, instance_count), text)
         if count != 1:
-            raise RuntimeError(f"template {config} has no KIND_CPU instance_group to size")
+            raise RuntimeError(f"template {config} has no KIND_CPU instance_group to replace")
         config.write_text(set_max_batch_size(text, max_batch_size))
     # Swap in the new repository whole, so a server never reads a half-written one.
     shutil.rmtree(destination, ignore_errors=True)
