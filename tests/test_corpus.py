@@ -89,3 +89,16 @@ def test_synthetic_table_and_formula_pages_join_train_and_val(tmp_path):
     assert report.elements["table"] > 0 and report.elements["formula"] > 0
     recorded = json.loads((tmp_path / "corpus" / "corpus.json").read_text())
     assert recorded["synthetic_pages"] == 20 and recorded["pages"] == {"train": 19, "val": 1}
+
+
+def test_the_cli_versions_the_corpus_with_dvc(tmp_path, monkeypatch):
+    import subprocess
+
+    from components.data.corpus import main
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    monkeypatch.chdir(tmp_path)
+    assert main(["build", "--synthetic-pages", "2", "--out", "corpus", "--layout", "none", "--dvc"]) == 0
+    tracked = (tmp_path / "corpus.dvc").read_text()
+    assert "path: corpus" in tracked and "md5:" in tracked
+    assert (tmp_path / "corpus" / "train").is_dir()

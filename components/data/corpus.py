@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser("build", help="fetch the packages and write the corpus")
-    build.add_argument("--packages", required=True, help="comma-separated Debian package names")
+    build.add_argument("--packages", default="", help="comma-separated Debian package names")
     build.add_argument("--out", type=Path, required=True)
     build.add_argument("--max-pages", type=int, default=None, help="stop after this many pages in all")
     build.add_argument("--pages-per-document", type=int, default=24)
@@ -329,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--dvc", action="store_true", help="version --out with DVC (inside the repository)")
     args = parser.parse_args(argv)
     packages = [p.strip() for p in args.packages.split(",") if p.strip()]
-    if not packages:
-        parser.error("--packages names no package")
+    if not packages and not args.synthetic_pages:
+        parser.error("--packages names no package (and --synthetic-pages adds none)")
     regions = _rapid_layout_regions() if args.layout == "rapid-layout" else None
     report = build_corpus(packages, args.out, cache=args.cache, dpi=args.dpi, max_pages=args.max_pages,
                           pages_per_document=args.pages_per_document, regions=regions,
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
 
         root = Path.cwd().resolve()
         version = DataVersioner(root, str(args.out.resolve().relative_to(root))).commit(f"corpus of {', '.join(packages)}")
-        print(f"[corpus] versioned as {version.short()}")
+        print(f"[corpus] versioned as {version.short}")
     return 0
 
 
