@@ -102,3 +102,45 @@ def test_the_cli_versions_the_corpus_with_dvc(tmp_path, monkeypatch):
     tracked = (tmp_path / "corpus.dvc").read_text()
     assert "path: corpus" in tracked and "md5:" in tracked
     assert (tmp_path / "corpus" / "train").is_dir()
+
+
+def _three_page_pdf(path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_pdf import PdfPages
+
+    with PdfPages(path) as pdf:
+        for number in range(1, 4):
+            figure = plt.figure(figsize=(6, 8))
+            figure.text(0.1, 0.8, f"Section {number}", fontsize=16)  # below the running-head band
+            for line in range(5):
+                figure.text(0.1, 0.75 - 0.03 * line, f"body line {line} of page {number} with several words", fontsize=10)
+            figure.text(0.1, 0.5, "run(x, y) # code", fontsize=10, family="DejaVu Sans Mono")
+            pdf.savefig(figure)
+            plt.close(figure)
+    return path
+
+
+def test_a_pdf_package_becomes_pages_with_elements_and_a_rerun_resumes(tmp_path, monkeypatch):
+    import components.data.corpus as corpus
+    from components.data.page_store import PageDataset
+
+    pdf = _three_page_pdf(tmp_path / "manual.pdf")
+    monkeypatch.setattr(corpus, "package_pdfs", lambda cache, package: [pdf])
+    report = corpus.build_corpus(["local-doc"], tmp_path / "out", cache=tmp_path / "cache", progress=lambda _: None)
+    split = corpus.document_split("local-doc", pdf, corpus.pdf_document_id(corpus.file_sha256(pdf)))
+    store = PageDataset(tmp_path / "out" / split)
+    pages = sorted(store.pages(), key=lambda p: p.meta["page_number"])
+    assert report.pages == {split: 3} and report.documents == {split: 1}
+    first = pages[0]
+    assert [e.category for e in first.elements] == ["title", "text", "code"]
+    assert first.elements[0].content == "Section 1" and first.elements[2].content == "run(x, y) # code"
+    assert first.elements[1].content.startswith("body line 0 of page 1") and len(first.meta["element_lines"][1]) == 5
+    assert (first.width, first.height) == (6 * 144, 8 * 144)
+
+    rendered = []
+    monkeypatch.setattr(corpus, "page_elements", lambda *a, **k: rendered.append(1) or ([], []))
+    again = corpus.build_corpus(["local-doc"], tmp_path / "out", cache=tmp_path / "cache", progress=lambda _: None)
+    assert rendered == [] and again.pages == report.pages  # every page was stored already

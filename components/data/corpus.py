@@ -30,7 +30,8 @@ documents a hash of the document picks ``val`` (5 %) or ``train``. The stores ar
 ``DIR/train``, ``DIR/val``, ``DIR/test``; ``DIR/corpus.json`` reports documents, pages, elements
 and characters per split, what was skipped and why, and the build time. Each page's
 ``meta.element_lines`` holds every element's line boxes, for readers that encode lines. ``--dvc`` versions
-``DIR`` with DVC (it must be inside the repository).
+``DIR`` with DVC (it must be inside the repository). Pages are written a document at a time, and a
+build run again skips the pages already stored, so an interrupted build resumes.
 """
 
 from __future__ import annotations
@@ -196,8 +197,9 @@ def build_corpus(packages: list[str], out: Path, *, cache: Path, dpi: float = DE
     started = time.perf_counter()
     report = CorpusReport()
     stores = {split: PageDataset(out / split) for split in ("train", "val", "test")}
+    stored = {page_id for store in stores.values() if store.exists() for page_id in store.ids()}  # a resumed build
     pending: dict[str, list[Page]] = {split: [] for split in stores}
-    total = 0
+    total = len(stored)
 
     def flush(split: str) -> None:
         if pending[split]:
@@ -233,6 +235,9 @@ def build_corpus(packages: list[str], out: Path, *, cache: Path, dpi: float = DE
             for index in _sample_indices(len(pdf), pages_per_document):
                 if max_pages is not None and total >= max_pages:
                     break
+                if pdf_page_id(digest, index + 1) in stored:
+                    kept_pages += 1
+                    continue
                 try:
                     lines = lines_of(index)
                     problem = _unusable(lines)
@@ -257,30 +262,41 @@ def build_corpus(packages: list[str], out: Path, *, cache: Path, dpi: float = DE
                                   "page_number": index + 1, "render_dpi": dpi, "split": split,
                                   "element_lines": line_boxes})
                 pending[split].append(page)
-                if len(pending[split]) >= 64:
-                    flush(split)
                 kept_pages += 1
                 total += 1
-                report.pages[split] += 1
-                report.elements.update(e.category for e in elements)
-                report.characters[split] += sum(len(e.content) for e in elements)
             pdf.close()
-            if kept_pages:
-                report.documents[split] += 1
+            flush(split)  # a document at a time: an interrupted build resumes after the last one
             progress(f"[corpus] {package}/{path.name}: {kept_pages} pages ({split}); {total} in all, "
                      f"{time.perf_counter() - started:.0f} s")
     for split in stores:
         flush(split)
     if synthetic_pages:
-        add_synthetic_pages(out, synthetic_pages, report)
+        add_synthetic_pages(out, synthetic_pages)
+    report = count_corpus(out, report.skipped)
     report.seconds = time.perf_counter() - started
-    out.mkdir(parents=True, exist_ok=True)
     (out / "corpus.json").write_text(json.dumps({"packages": packages, "dpi": dpi, "synthetic_pages": synthetic_pages,
                                                  **report.as_dict()}, indent=2))
     return report
 
 
-def add_synthetic_pages(out: Path, count: int, report: CorpusReport, seed: int = SYNTHETIC_SEED) -> None:
+def count_corpus(out: Path, skipped: Counter | None = None) -> CorpusReport:
+    """Documents, pages, elements and characters of the corpus as stored (a resumed build included)."""
+    report = CorpusReport(skipped=skipped or Counter())
+    for split in ("train", "val", "test"):
+        store = PageDataset(out / split)
+        if not store.exists():
+            continue
+        documents = set()
+        for page in store.iter_pages():
+            documents.add(page.meta.get("document_id"))
+            report.pages[split] += 1
+            report.elements.update(e.category for e in page.elements)
+            report.characters[split] += sum(len(e.content) for e in page.elements)
+        report.documents[split] = len(documents)
+    return report
+
+
+def add_synthetic_pages(out: Path, count: int, seed: int = SYNTHETIC_SEED) -> None:
     """``count`` synthetic pages of the ``standard`` preset (768x1024, tables and formulas with
     exact markup, drawn with real fonts) into the train split, and every twentieth into val."""
     from components.data.synthetic import SyntheticConfig, generate_page
@@ -294,13 +310,9 @@ def add_synthetic_pages(out: Path, count: int, report: CorpusReport, seed: int =
         page.image = store.save_image(page.page_id, image)
         page.meta |= {"split": split, "document_id": f"synthetic:{(seed + offset) // 100}"}
         pending[split].append(page)
-        report.pages[split] += 1
-        report.elements.update(e.category for e in page.elements)
-        report.characters[split] += sum(len(e.content) for e in page.elements)
     for split, pages in pending.items():
         if pages:
             PageDataset(out / split).upsert(pages)
-            report.documents[split] += len({p.meta["document_id"] for p in pages})
 
 
 def _rapid_layout_regions() -> RegionFinder:
