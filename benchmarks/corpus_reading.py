@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from models.ocr_encoder import LINE_HEIGHT
+from models.ocr_encoder import LINE_HEIGHT, greedy_ctc
 
 MARGIN = 4  # pixels around a line's character boxes (144 dpi)
 CATEGORIES = ("text", "title", "code")
@@ -41,11 +41,6 @@ def line_tensor(image: Image.Image, box) -> torch.Tensor:
     crop = crop.resize((width, LINE_HEIGHT), Image.Resampling.BILINEAR)
     array = np.asarray(crop, dtype=np.float32) / 127.5 - 1.0
     return torch.from_numpy(array).permute(2, 0, 1)[None]
-
-
-def greedy_ctc(probs: torch.Tensor, charset: list[str]) -> str:
-    best = probs.argmax(-1).tolist()
-    return "".join(charset[i - 1] for j, i in enumerate(best) if i and (j == 0 or i != best[j - 1]))
 
 
 def _collapsed(text: str) -> str:

@@ -45,7 +45,7 @@ def _shared_slots(record: dict) -> torch.Tensor:
 
 
 def diagnose(model, config, batch, draws: int) -> dict:
-    from components.training.darl import lcp_length, net_slot_weight, pickup_slots
+    from components.training.darl import net_slot_weight
     from components.training.mix import ObjectiveMix
 
     mix = ObjectiveMix(model, config)
@@ -56,14 +56,7 @@ def diagnose(model, config, batch, draws: int) -> dict:
         with torch.no_grad():
             mix(batch, torch.Generator().manual_seed(draw))
         record = mix.record
-        candidates = record["candidates"]
-        truth = record["truth"][:, None, :].expand_as(candidates)
-        pickup = pickup_slots(record["n_pickup"], candidates.shape[-1])[:, None, :].expand_as(candidates)
-        correct = lcp_length(candidates, truth, pickup)
-        slots = torch.arange(candidates.shape[-1])
-        ground_truth_context = ((record["credit"] > 0) & (slots[None, None, :] <= correct[..., None])
-                                & record["in_sequence"][:, None, :])
-        gaps.extend((record["policy_logp"] - record["clean_logp"])[ground_truth_context].abs().tolist())
+        gaps.extend((record["policy_logp"] - record["clean_logp"])[record["ground_truth_context"]].abs().tolist())
         net = net_slot_weight(record["advantages"], record["credit"])
         shared = _shared_slots(record)
         shared_weights.extend(net[shared].tolist())

@@ -91,3 +91,10 @@ def ppocr_charset(path: str | Path | None = None) -> list[str]:
     model = onnx.load(str(path or ppocr_recognizer_path()), load_external_data=False)
     characters = next(p.value for p in model.metadata_props if p.key == "character")
     return [*characters.split("\n"), " "]
+
+
+def greedy_ctc(probs: torch.Tensor, charset: list[str]) -> str:
+    """The text of one line's CTC distribution (columns, classes): best class per column, repeats
+    collapsed, blanks (0) dropped."""
+    best = probs.argmax(-1).tolist()
+    return "".join(charset[i - 1] for j, i in enumerate(best) if i and (j == 0 or i != best[j - 1]))

@@ -36,7 +36,7 @@ def _line_image(text: str) -> torch.Tensor:
 def test_the_converted_network_equals_onnxruntime_and_reads_a_line(recognizer):
     import onnxruntime as ort
 
-    from models.ocr_encoder import ppocr_charset, ppocr_recognizer_path
+    from models.ocr_encoder import greedy_ctc, ppocr_charset, ppocr_recognizer_path
 
     line = _line_image("Page 12: results, 3.5% better")
     session = ort.InferenceSession(str(ppocr_recognizer_path()))
@@ -44,12 +44,9 @@ def test_the_converted_network_equals_onnxruntime_and_reads_a_line(recognizer):
     with torch.no_grad():
         probs = recognizer(line)
     assert probs.shape == reference.shape and float((probs.numpy() - reference).__abs__().max()) < 1e-4
-    # Greedy CTC: collapse repeats, drop the blank (0).
     charset = ppocr_charset()
     assert len(charset) + 1 == probs.shape[-1]
-    best = probs[0].argmax(-1).tolist()
-    text = "".join(charset[i - 1] for j, i in enumerate(best) if i and (j == 0 or i != best[j - 1]))
-    assert text.strip() == "Page 12: results, 3.5% better"
+    assert greedy_ctc(probs[0], charset).strip() == "Page 12: results, 3.5% better"
 
 
 def test_every_parameter_receives_a_gradient(recognizer):

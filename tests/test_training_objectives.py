@@ -19,7 +19,6 @@ from components.training.darl import (
     lookahead_reward,
     net_slot_weight,
     permuted_advantages,
-    pickup_slots,
     sample_candidates,
 )
 from components.training.streams import block_stream, compose, window_stream
@@ -554,17 +553,8 @@ def test_default_dtpo_does_not_train_the_ar_distribution(tokenizer, monkeypatch)
     ``candidate`` context they are equal wherever the candidate's earlier tokens are right."""
     for darl, equal in (({}, False), ({"policy_context": "candidate"}, True)):
         *_, record = _recorded_step(tokenizer, monkeypatch, **darl)
-        gap = (record["policy_logp"] - record["clean_logp"])[_ground_truth_context(record)].abs()
+        gap = (record["policy_logp"] - record["clean_logp"])[record["ground_truth_context"]].abs()
         assert gap.numel() > 0 and bool(gap.max() < 1e-4) == equal, darl
-
-
-def _ground_truth_context(record) -> torch.Tensor:
-    """(B, K, w) credited candidate tokens whose earlier candidate tokens are all correct."""
-    candidates, truth = record["candidates"], record["truth"][:, None, :].expand_as(record["candidates"])
-    pickup = pickup_slots(record["n_pickup"], candidates.shape[-1])[:, None, :].expand_as(candidates)
-    correct = lcp_length(candidates, truth, pickup)
-    slots = torch.arange(candidates.shape[-1])
-    return (record["credit"] > 0) & (slots[None, None, :] <= correct[..., None]) & record["in_sequence"][:, None, :]
 
 
 def test_left_alignment_puts_each_draft_one_slot_before_its_token(tokenizer, monkeypatch):

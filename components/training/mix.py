@@ -87,19 +87,24 @@ class ObjectiveMix(nn.Module):
 
     def _dtpo_record(
         self, clean: torch.Tensor, cand_plan: obj.WindowPlan, lengths: torch.Tensor, tokens: torch.Tensor,
-        token_logp: torch.Tensor, credit: torch.Tensor, advantages: torch.Tensor,
+        truth: torch.Tensor, token_logp: torch.Tensor, credit: torch.Tensor, advantages: torch.Tensor,
     ) -> dict[str, torch.Tensor]:
-        """DTPO's inputs beside the clean pass's log-probs of the same candidate tokens (ground-truth
-        context): where they are equal, DTPO moves the AR distribution, i.e. the verifier."""
+        """DTPO's inputs beside the clean pass's log-probs of the same candidate tokens, and which
+        credited tokens have a ground-truth context (every earlier candidate token right): where
+        those two log-probs are equal, DTPO moves the AR distribution, i.e. the verifier."""
         index = cand_plan.slot_index()  # (B, w) token index of each candidate slot
         in_sequence = index < lengths[:, None]
         positions = (index - 1).clamp_max(clean.shape[1] - 1)
         clean_logp = self._ban(obj.gather_rows(clean, positions)).log_softmax(-1).detach()  # (B, w, V)
         k = tokens.shape[1]
         clean_token_logp = clean_logp[:, None].expand(-1, k, -1, -1).gather(-1, tokens[..., None]).squeeze(-1)
+        pickup = cand_plan.pickup_mask()[:, None, :].expand_as(tokens)
+        correct = lcp_length(tokens, truth[:, None, :].expand_as(tokens), pickup)  # (B, K)
+        slots = torch.arange(tokens.shape[-1], device=tokens.device)
+        ground_truth_context = (credit > 0) & (slots[None, None, :] <= correct[..., None]) & in_sequence[:, None, :]
         return {"policy_logp": token_logp.detach(), "clean_logp": clean_token_logp, "credit": credit.detach(),
-                "advantages": advantages.detach(), "candidates": tokens.detach(), "in_sequence": in_sequence,
-                "n_pickup": cand_plan.n_pickup}
+                "advantages": advantages.detach(), "candidates": tokens.detach(), "n_pickup": cand_plan.n_pickup,
+                "ground_truth_context": ground_truth_context}
 
     # ----- the step -----------------------------------------------------------------------
     def forward(self, batch: Batch, generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -184,8 +189,8 @@ class ObjectiveMix(nn.Module):
             credit = credit_weights(candidates, cand_truth, plan.n_pickup, cfg.credit)
             dtpo = dtpo_loss(token_logp, advantages, credit)
             if self.record is not None:
-                self.record.update(self._dtpo_record(clean, cand_plan, lengths, safe, token_logp, credit, advantages),
-                                   truth=cand_truth)
+                self.record.update(self._dtpo_record(clean, cand_plan, lengths, safe, cand_truth, token_logp, credit,
+                                                     advantages))
             terms["darl"] = dar + cfg.dtpo_coef * dtpo
             has_pickup = (plan.n_pickup > 0).float()
             n_with = has_pickup.sum().clamp_min(1)
