@@ -20,8 +20,10 @@ from components.tokenizer import SPECIAL_TOKENS, load_tokenizer, special_token_i
 from models.docvlm import DocVLMConfig, DocVLMForConditionalGeneration, base_config, tiny_config
 from models.hf_adapter import SUPPORTED_MODEL_TYPES, HFMarkupModel
 from models.interface import MarkupLM, TrainableMarkupLM
+from models.reader import MODEL_TYPE as READER_MODEL_TYPE
+from models.reader import ReaderForConditionalGeneration
 
-SUPPORTED_FAMILIES = ("docvlm", *SUPPORTED_MODEL_TYPES)
+SUPPORTED_FAMILIES = ("docvlm", READER_MODEL_TYPE, *SUPPORTED_MODEL_TYPES)
 
 
 class ModelLoadError(RuntimeError):
@@ -77,6 +79,9 @@ def _load_markup_model(
     family = model_family(path)
     if family == "docvlm":
         model = DocVLMForConditionalGeneration.from_pretrained(str(path), dtype=dtype or torch.float32)
+        tokenizer = load_tokenizer(path)
+    elif family == READER_MODEL_TYPE:
+        model = ReaderForConditionalGeneration.from_pretrained(str(path), dtype=dtype or torch.float32)
         tokenizer = load_tokenizer(path)
     elif family in SUPPORTED_MODEL_TYPES or family == "dots_ocr":  # dots.ocr gets the adapter's explanation
         model, tokenizer = HFMarkupModel.load(path, dtype=dtype, **({"prompt": prompt} if prompt else {}))

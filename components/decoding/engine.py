@@ -170,7 +170,8 @@ class DecodingEngine:
         lean = self.model.static_decoder() if self.static_cache and hasattr(self.model, "static_decoder") else None
         if lean is not None:
             slots: StaticSlots | DynamicSlots = StaticSlots(
-                lean, StaticKV.from_cache(cache, n_prefix + 2 * (budget + 2 * strategy.spec_length)), n_prefix)
+                lean, StaticKV.from_cache(cache, n_prefix + 2 * (budget + 2 * strategy.spec_length)), n_prefix,
+                prefix_validity(cache, len(images), n_prefix, device))
         else:
             slots = DynamicSlots(self.model, cache, len(images), n_prefix)
 
@@ -253,12 +254,21 @@ class DecodingEngine:
         )
 
 
+def prefix_validity(cache, batch: int, n_prefix: int, device: torch.device) -> torch.Tensor:
+    """Which prefix slots each row may attend: all, unless the prefill padded prefixes of different
+    lengths and said so in ``cache.prefix_valid`` (the reader's elements, a chat model's prompts)."""
+    valid = getattr(cache, "prefix_valid", None)
+    if valid is None:
+        return torch.ones(batch, n_prefix, dtype=torch.bool, device=device)
+    return valid.to(device=device, dtype=torch.bool)
+
+
 class DynamicSlots:
     """A growing ``DynamicCache`` plus which slots each row may attend (models without a lean decoder)."""
 
     def __init__(self, model: MarkupLM, cache, batch: int, n_prefix: int):
         self.model, self.cache = model, cache
-        self.valid = torch.ones(batch, n_prefix, dtype=torch.bool, device=model.device)
+        self.valid = prefix_validity(cache, batch, n_prefix, model.device)
 
     def past_valid(self) -> torch.Tensor:
         return self.valid
@@ -282,11 +292,11 @@ class DynamicSlots:
 class StaticSlots:
     """A ``StaticKV`` and a preallocated validity map: dropping slots moves ``length`` back, nothing else."""
 
-    def __init__(self, lean, kv: StaticKV, n_prefix: int):
+    def __init__(self, lean, kv: StaticKV, n_prefix: int, prefix_valid: torch.Tensor):
         self.lean, self.kv = lean, kv
         self.start = kv.length  # first slot of the latest forward
         self.valid = torch.zeros(kv.keys[0].shape[0], kv.capacity, dtype=torch.bool, device=kv.keys[0].device)
-        self.valid[:, :n_prefix] = True
+        self.valid[:, :n_prefix] = prefix_valid
 
     def past_valid(self) -> torch.Tensor:
         return self.valid[:, : self.kv.length]

@@ -95,13 +95,14 @@ def evaluate_base(model_dir: Path, pages_dir: Path, n_pages: int, max_new_tokens
     return summary
 
 
-def model_at_checkpoint(train_dir: Path, step: int):
-    """The model as of a DeepSpeed checkpoint of this run (ZeRO 0-2 keep whole weights per file)."""
+def model_at_checkpoint(train_dir: Path, step: int, source: Path | None = None):
+    """The model as of a DeepSpeed checkpoint of this run (ZeRO 0-2 keep whole weights per file);
+    ``source``: the folder the run started from (default: the one it bootstrapped)."""
     import torch
 
     from models.loading import load_markup_model
 
-    model, tokenizer = load_markup_model(train_dir / "bootstrap_model")
+    model, tokenizer = load_markup_model(source or train_dir / "bootstrap_model")
     states = torch.load(train_dir / "checkpoints" / f"step_{step:07d}" / "mp_rank_00_model_states.pt",
                         map_location="cpu", weights_only=False)["module"]
     model.load_state_dict({k.removeprefix("model."): v for k, v in states.items()})

@@ -1,0 +1,135 @@
+"""How well an element model reads a page store's elements from their ground-truth boxes.
+
+The second stage of a two-stage parse, measured alone: every ``text``, ``title`` and ``code``
+element (and ``table`` / ``formula`` where the store has them) is cropped at native resolution
+as the parser crops it, decoded, and compared with its content. Text-like elements score the
+character error rate (Levenshtein over the truth's length, whitespace collapsed) and whether
+the markup has the element's form (a title's ``#``, a code fence); tables score TEDS, formulas
+the normalised edit distance. The reader's learning curve and its benchmark both use it.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from PIL import Image
+from rapidfuzz.distance import Levenshtein
+
+from components.data.markup import parse_markup
+from components.data.page_store import PageDataset
+from components.decoding.types import DecodeParams
+from components.parsing.assembly import element_content
+from components.parsing.crops import DEFAULT_CROP, crop_region
+
+TEXT_LIKE = ("text", "title", "code")
+
+
+@dataclass
+class ElementReading:
+    page_id: str
+    category: str
+    truth: str
+    markup: str
+    errors: int  # character edits (text-like) ...
+    length: int  # ... over this many truth characters
+    form_kept: bool  # the markup is one block of the element's category
+    score: float | None  # TEDS (tables) or 1 - normalised edit distance (formulas); None for text-like
+    forwards: int
+    tokens: int
+
+
+def _collapsed(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def store_elements(store: PageDataset, categories: tuple[str, ...], limit: int | None) -> Iterator[tuple[str, str, str, Image.Image]]:
+    """(page id, category, content, crop) of the store's elements, page by page, up to ``limit``."""
+    count = 0
+    for page in store.pages():
+        image = None
+        for element in page.elements:
+            if element.category not in categories or not element.content.strip():
+                continue
+            if limit is not None and count >= limit:
+                return
+            image = image or store.load_image(page)
+            crop = crop_region(image, element.bbox, DEFAULT_CROP)
+            if crop.image is None:
+                continue
+            count += 1
+            yield page.page_id, element.category, element.content, crop.image
+
+
+def score_element(page_id: str, category: str, truth: str, markup: str, forwards: int, tokens: int) -> ElementReading:
+    blocks = parse_markup(markup) if markup.strip() else []
+    form_kept = len(blocks) == 1 and blocks[0].category == category
+    content = element_content(markup)
+    score = None
+    if category == "table":
+        from components.metrics.table import teds
+
+        score = teds(content, truth)
+    elif category == "formula":
+        longer = max(len(truth), len(content), 1)
+        score = 1.0 - Levenshtein.distance(content, truth) / longer
+    collapsed_truth = _collapsed(truth)
+    errors = Levenshtein.distance(_collapsed(content), collapsed_truth)
+    return ElementReading(page_id, category, truth, markup, errors, len(collapsed_truth), form_kept, score, forwards,
+                          tokens)
+
+
+def read_store(engine, store: PageDataset, params: DecodeParams, categories: tuple[str, ...] = TEXT_LIKE,
+               limit: int | None = None, batch: int = 16) -> tuple[list[ElementReading], float]:
+    """Decode the store's elements in batches; the readings and the decoding seconds."""
+    readings: list[ElementReading] = []
+    seconds = 0.0
+    pending: list[tuple[str, str, str, Image.Image]] = []
+
+    def flush() -> None:
+        nonlocal seconds
+        if not pending:
+            return
+        started = time.perf_counter()
+        results = engine.generate([item[3] for item in pending], params)
+        seconds += time.perf_counter() - started
+        for (page_id, category, truth, _), result in zip(pending, results, strict=True):
+            readings.append(score_element(page_id, category, truth, result.text, result.stats.forward_passes,
+                                          result.stats.new_tokens))
+        pending.clear()
+
+    for item in store_elements(store, categories, limit):
+        pending.append(item)
+        if len(pending) == batch:
+            flush()
+    flush()
+    return readings, seconds
+
+
+def summarize_readings(readings: list[ElementReading], seconds: float | None = None) -> dict:
+    """Pooled CER and form per category (text-like), mean score (tables, formulas), speed."""
+    by_category: dict[str, list[ElementReading]] = defaultdict(list)
+    for reading in readings:
+        by_category[reading.category].append(reading)
+    table = {}
+    for category, rows in sorted(by_category.items()):
+        entry = {"elements": len(rows), "characters": sum(r.length for r in rows),
+                 "cer": sum(r.errors for r in rows) / max(1, sum(r.length for r in rows)),
+                 "median_element_cer": statistics.median(r.errors / max(1, r.length) for r in rows),
+                 "form_kept": sum(r.form_kept for r in rows) / len(rows)}
+        scores = [r.score for r in rows if r.score is not None]
+        if scores:
+            entry["score"] = statistics.fmean(scores)
+        table[category] = entry
+    text_like = [r for r in readings if r.category in TEXT_LIKE]
+    forwards, tokens = sum(r.forwards for r in readings), sum(r.tokens for r in readings)
+    summary = {"elements": len(readings), "by_category": table,
+               "cer": sum(r.errors for r in text_like) / max(1, sum(r.length for r in text_like)),
+               "forwards": forwards, "tokens": tokens, "tokens_per_forward": tokens / max(1, forwards)}
+    if seconds is not None:
+        summary |= {"seconds": seconds, "tokens_per_second": tokens / max(seconds, 1e-9)}
+    return summary

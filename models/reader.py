@@ -1,0 +1,499 @@
+"""docmarkup-reader: an element model for real documents, built on a pretrained line recogniser.
+
+The vision tower is PP-OCRv6's text-line recogniser (:mod:`models.ocr_encoder`, frozen): an
+element crop is cut into its text lines (:func:`find_lines`), each line is encoded at 48 pixels
+high, and its CTC frames are collapsed greedily (one frame per character the recogniser emits).
+Each kept frame becomes one prefix slot: the tower's 120-d feature, projected, plus the mean of
+the decoder's own token embeddings of the character's bytes (the embedding table is shared, so a
+slot says which character the tower saw in the decoder's own terms). A start slot carries the
+element's line height (titles are set larger), a separator slot before every line its
+indentation in characters (code keeps its indentation). A Qwen2 decoder over byte tokens
+writes the element's markup.
+
+Positions align reading with writing: prefix slot ``j`` gets the RoPE position ``P + j - 2``
+(``P`` the prefix length), so token ``k`` (position ``P + k``, ``<bos>`` at 0) sits at the
+same position as the slot of the ``k``-th character it has to write: copying is attention at
+relative distance 0, which a small decoder learns in a few hundred CPU steps. The engine's
+positions are unchanged (tokens continue at ``P + k``); only the prefix's are chosen here, once,
+in :meth:`ReaderForConditionalGeneration.prefill` and in the training forward alike.
+
+The model implements :class:`models.interface.TrainableMarkupLM`, so every decoder of the engine
+decodes it and every objective of the mix trains it. Batches of elements have prefixes of
+different lengths: they are right-padded, and the padding is hidden by ``prefix_valid`` (the
+engine reads it off the prefill's cache).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from huggingface_hub.dataclasses import strict
+from PIL import Image
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    DynamicCache,
+    PreTrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+from transformers.configuration_utils import SubConfigSpec
+
+from models.docvlm import attention_implementations
+from models.interface import SPECIAL_ID_NAMES, PagePrefix
+from models.ocr_encoder import COLUMN_STRIDE, LINE_HEIGHT, load_ppocr_recognizer, ppocr_recognizer_path
+from models.static_decoder import StaticQwen2Decoder
+
+MODEL_TYPE = "docmarkup_reader"
+INK_THRESHOLD = 170  # a pixel darker than this is ink
+LINE_MARGIN = 3  # pixels kept around a line's ink
+MAX_BYTES = 4  # UTF-8 bytes of one character
+FIRST_CHARACTER_SLOT = 2
+MAX_CACHED_LINES = 200_000
+SLOTS_BOUND = 6  # CTC columns one character takes at most (measured ~2.4 on 144-dpi pages)  # slot 0 is the start, slot 1 the first line's separator
+
+
+@strict
+class ReaderConfig(PreTrainedConfig):
+    """Config of :class:`ReaderForConditionalGeneration` (saved as ``config.json``)."""
+
+    model_type = MODEL_TYPE
+    sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="qwen2")}
+
+    text_config: dict | PreTrainedConfig | None = None
+    feature_size: int = 120  # the tower's feature per CTC frame
+    num_classes: int = 18710  # the tower's CTC classes, 0 the blank
+    tower_sha256: str = ""  # of the ONNX recogniser the tower is built from (checked on load)
+    max_line_width: int = 2048  # pixels at 48 high; a longer line is squeezed to it
+    width_bucket: int = 64  # a line's width is padded up to a multiple of this (never to its batch's)
+    height_buckets: int = 96  # line heights in page pixels the start slot tells apart
+    indent_buckets: int = 48  # indentations in characters a separator slot tells apart
+    # While training, a prefix is cut to this many slots: targets are cut to data.max_tokens, and the
+    # slots past them only cost time (one long element pads a whole batch to its length).
+    max_train_slots: int = 448
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    init_token_id: int | None = None
+    mask_token_id: int | None = None
+    attn_implementation_preference: Literal["sdpa", "eager"] = "sdpa"
+    tie_word_embeddings: bool = True
+
+
+def reader_config(vocab_size: int, special_ids: dict[str, int], **overrides) -> ReaderConfig:
+    """The shipped reader's shape: a 4-layer, 192-wide Qwen2 decoder over byte tokens."""
+    text = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=192, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2,
+        intermediate_size=512, max_position_embeddings=8192, tie_word_embeddings=True, rope_theta=10000.0,
+    )
+    return ReaderConfig(text_config=text, tower_sha256=_file_sha256(ppocr_recognizer_path()), **special_ids,
+                        **overrides)
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# ----- lines of a crop --------------------------------------------------------------------------
+def find_lines(gray: np.ndarray, ink_threshold: int = INK_THRESHOLD) -> list[tuple[int, int, int, int]]:
+    """Text lines of a crop (x0, y0, x1, y1), top to bottom, from its horizontal ink profile.
+
+    Runs of inked rows are lines; a run much taller than the typical line (touching
+    descenders and ascenders) is cut at its least-inked row; slivers (a rule, an accent alone) join
+    the nearest line when close to it and are dropped otherwise."""
+    ink = gray < ink_threshold
+    rows = ink.sum(axis=1)
+    runs: list[list[int]] = []
+    start = None
+    for y, count in enumerate([*rows.tolist(), 0]):
+        if count and start is None:
+            start = y
+        elif not count and start is not None:
+            runs.append([start, y])
+            start = None
+    if not runs:
+        return []
+    typical = float(np.median([b - a for a, b in runs]))
+    split: list[list[int]] = []
+    for a, b in runs:
+        while b - a > 1.8 * typical and typical >= 4:
+            low, high = a + int(0.6 * typical), b - int(0.6 * typical)
+            if high <= low:
+                break
+            cut = low + int(np.argmin(rows[low:high]))
+            split.append([a, cut])
+            a = cut
+        split.append([a, b])
+    typical = float(np.median([b - a for a, b in split]))
+    lines: list[list[int]] = []
+    for a, b in split:
+        if b - a >= 0.4 * typical or not split:
+            lines.append([a, b])
+    if not lines:
+        lines = [max(split, key=lambda r: r[1] - r[0])]
+    for a, b in split:  # slivers: join a line within reach
+        if b - a < 0.4 * typical:
+            nearest = min(lines, key=lambda r: min(abs(a - r[1]), abs(r[0] - b)))
+            if min(abs(a - nearest[1]), abs(nearest[0] - b)) <= 0.35 * typical:
+                nearest[0], nearest[1] = min(nearest[0], a), max(nearest[1], b)
+    boxes = []
+    for a, b in sorted(lines):
+        columns = np.flatnonzero(ink[a:b].any(axis=0))
+        boxes.append((int(columns[0]), a, int(columns[-1]) + 1, b))
+    return boxes
+
+
+def line_pixels(gray: np.ndarray, box: tuple[int, int, int, int], max_width: int) -> np.ndarray:
+    """One line, ``LINE_HEIGHT`` pixels high, as the recogniser's input values (H, W) in [-1, 1]."""
+    x0, y0, x1, y1 = box
+    height, width = gray.shape
+    crop = Image.fromarray(gray[max(0, y0 - LINE_MARGIN): min(height, y1 + LINE_MARGIN),
+                                max(0, x0 - LINE_MARGIN): min(width, x1 + LINE_MARGIN)])
+    scaled = min(max_width, max(16, round(crop.width * LINE_HEIGHT / max(1, crop.height))))
+    crop = crop.resize((scaled, LINE_HEIGHT), Image.Resampling.BILINEAR)
+    return np.asarray(crop, dtype=np.float32) / 127.5 - 1.0
+
+
+@dataclass
+class ReaderInputs:
+    """Preprocessed element crops: their lines at 48 pixels, grouped by element (CPU-made, picklable)."""
+
+    lines: list[torch.Tensor]  # each (48, W): W a multiple of the width bucket, white-padded
+    widths: torch.Tensor  # (N,) the unpadded width of each line
+    element: torch.Tensor  # (N,) which crop each line belongs to
+    indent: torch.Tensor  # (N,) the line's left edge in crop pixels (from the leftmost line)
+    span: torch.Tensor  # (N,) the line's width in crop pixels
+    height: torch.Tensor  # (B,) the crop's median line height in page pixels
+    n_elements: int
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> ReaderInputs:
+        return ReaderInputs([t.to(device=device, dtype=dtype) for t in self.lines], self.widths.to(device),
+                            self.element.to(device), self.indent.to(device), self.span.to(device), self.height.to(device),
+                            self.n_elements)
+
+
+def reader_inputs(images: list[Image.Image], max_line_width: int = 2048, width_bucket: int = 64) -> ReaderInputs:
+    """Cut each crop into lines and scale them for the tower (a crop with no ink gets no lines)."""
+    lines, widths, owner, indent, span, heights = [], [], [], [], [], []
+    for index, image in enumerate(images):
+        gray = np.asarray(image.convert("L"))
+        boxes = find_lines(gray)
+        heights.append(float(np.median([b[3] - b[1] for b in boxes])) if boxes else 0.0)
+        left = min((b[0] for b in boxes), default=0)
+        for box in boxes:
+            pixels = line_pixels(gray, box, max_line_width)
+            width = pixels.shape[1]
+            padded = -(-width // width_bucket) * width_bucket
+            line = np.ones((LINE_HEIGHT, padded), dtype=np.float32)
+            line[:, :width] = pixels
+            lines.append(torch.from_numpy(line))
+            widths.append(width)
+            owner.append(index)
+            indent.append(box[0] - left)
+            span.append(max(1, box[2] - box[0]))
+    return ReaderInputs(lines, torch.tensor(widths, dtype=torch.long), torch.tensor(owner, dtype=torch.long),
+                        torch.tensor(indent, dtype=torch.float32), torch.tensor(span, dtype=torch.float32), torch.tensor(heights, dtype=torch.float32),
+                        len(images))
+
+
+@dataclass
+class ReaderPrefix(PagePrefix):
+    """Right-padded element prefixes: ``valid`` (B, P) is False on padding."""
+
+    valid: torch.Tensor
+
+    def __getitem__(self, index) -> ReaderPrefix:
+        return ReaderPrefix(self.embeds[index], self.valid[index])
+
+
+class _Tower:
+    """The frozen recogniser, kept out of the module tree (its weights ship in the rapidocr wheel,
+    checked by hash, not in our checkpoint); it returns (CTC probabilities, features) per frame."""
+
+    def __init__(self, expected_sha256: str):
+        path = ppocr_recognizer_path()
+        if expected_sha256 and _file_sha256(path) != expected_sha256:
+            raise ValueError(f"{path} is not the recogniser this reader was trained on (sha256 differs): "
+                             "install the rapidocr version named in requirements")
+        self.module = load_ppocr_recognizer(path)
+        for parameter in self.module.parameters():
+            parameter.requires_grad_(False)
+        head = dict(self.module.named_modules())["MatMul/12"]  # the CTC head's matmul: its input is the feature
+        self._captured: list[torch.Tensor] = []
+        head.register_forward_hook(lambda _m, inputs, _out: self._captured.append(inputs[0]))
+
+    @torch.no_grad()
+    def __call__(self, lines: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._captured.clear()
+        probs = self.module(lines[:, None].expand(-1, 3, -1, -1))
+        return probs, self._captured.pop()
+
+
+class ReaderForConditionalGeneration(PreTrainedModel):
+    """Line recogniser prefix + byte-level Qwen2 decoder; implements :class:`models.interface.TrainableMarkupLM`."""
+
+    takes_task_prompts = False  # the crop alone says what it is: its line height, its font, its indentation
+    config_class = ReaderConfig
+    base_model_prefix = "reader"
+    main_input_name = "pixel_values"
+    _supports_sdpa = True
+    supports_gradient_checkpointing = True
+    _tied_weights_keys = {"language_model.lm_head.weight": "language_model.model.embed_tokens.weight"}
+
+    def __init__(self, config: ReaderConfig):
+        super().__init__(config)
+        _, text_attn = attention_implementations(config.attn_implementation_preference)
+        config.text_config._attn_implementation = text_attn
+        hidden = config.text_config.hidden_size
+        self.feature_projector = nn.Sequential(
+            nn.LayerNorm(config.feature_size + 1), nn.Linear(config.feature_size + 1, hidden), nn.GELU(),
+            nn.Linear(hidden, hidden))
+        self.start_embedding = nn.Embedding(config.height_buckets, hidden)
+        self.separator_embedding = nn.Embedding(config.indent_buckets, hidden)
+        self.end_embedding = nn.Parameter(torch.zeros(hidden))
+        self.language_model = Qwen2ForCausalLM(config.text_config)
+        # The byte tokens of each tower class (-1 padded): set by new_reader_model from the tokenizer.
+        self.register_buffer("class_bytes", torch.full((config.num_classes, MAX_BYTES), -1, dtype=torch.long))
+        self._tower: _Tower | None = None
+        # While training, the frozen tower's frames of every line seen (epochs pay for the tower once).
+        self._training_cache: dict[bytes, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.post_init()
+
+    # ----- the tower ---------------------------------------------------------------------------
+    @property
+    def tower(self) -> _Tower:
+        if self._tower is None:
+            self._tower = _Tower(self.config.tower_sha256)
+            self._tower.module.to(self.device)
+        return self._tower
+
+    def _apply(self, fn, recurse=True):
+        """``.to()`` and casts move the (unregistered) tower along."""
+        result = super()._apply(fn, recurse)
+        if self._tower is not None:
+            self._tower.module._apply(fn)
+        return result
+
+    def line_frames(self, lines: list[torch.Tensor], widths: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per line: the collapsed CTC frames' classes (n,) and features (n, feature + 1), the extra
+        column the frame's probability. Lines of one padded width run as one batch; while training, a
+        line already seen is not run again (the tower is frozen, so its frames cannot change)."""
+        cache = self._training_cache if self.training and len(self._training_cache) < MAX_CACHED_LINES else None
+        out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(lines)
+        todo: dict[int, list[int]] = {}
+        keys: list[bytes | None] = [None] * len(lines)
+        for i, line in enumerate(lines):
+            if cache is not None:
+                keys[i] = hashlib.blake2b(line.float().cpu().numpy().tobytes(), digest_size=16).digest() \
+                    + int(widths[i]).to_bytes(4, "little")
+                if keys[i] in cache:
+                    classes, features = cache[keys[i]]
+                    out[i] = (classes.to(self.device), features.to(self.device, self.dtype))
+                    continue
+            todo.setdefault(line.shape[-1], []).append(i)
+        for _, members in sorted(todo.items()):
+            batch = torch.stack([lines[i] for i in members]).to(self.device, self.tower_dtype)
+            probs, features = self.tower(batch)
+            for row, i in enumerate(members):
+                columns = -(-int(widths[i]) // COLUMN_STRIDE)
+                best_p, best = probs[row, :columns].float().max(-1)
+                keep = best != 0
+                keep[1:] &= best[1:] != best[:-1]
+                frame = torch.cat([features[row, :columns][keep].float(), best_p[keep, None]], dim=-1)
+                out[i] = (best[keep], frame.to(self.dtype))
+                if cache is not None:
+                    cache[keys[i]] = (best[keep].cpu(), frame.cpu())
+        return out  # type: ignore[return-value]
+
+    @property
+    def tower_dtype(self) -> torch.dtype:
+        return next(self.tower.module.parameters()).dtype
+
+    # ----- the prefix ---------------------------------------------------------------------------
+    def cpu_preprocessor(self):
+        return functools.partial(reader_inputs, max_line_width=self.config.max_line_width,
+                                 width_bucket=self.config.width_bucket)
+
+    def preprocess(self, images: list[Image.Image]) -> ReaderInputs:
+        return self.cpu_preprocessor()(images).to(self.device)
+
+    def character_embeddings(self, classes: torch.Tensor) -> torch.Tensor:
+        """The mean of the decoder's embeddings of each class's bytes (shared table)."""
+        table = self.language_model.get_input_embeddings().weight
+        ids = self.class_bytes[classes]  # (n, MAX_BYTES)
+        present = ids >= 0
+        summed = (table[ids.clamp_min(0)] * present[..., None].to(table.dtype)).sum(1)
+        return summed / present.sum(1, keepdim=True).clamp_min(1).to(table.dtype)
+
+    def encode_pages(self, inputs: ReaderInputs) -> ReaderPrefix:
+        inputs = inputs.to(self.device)
+        if self.training:  # lines past the training prefix budget are never seen: skip their tower run
+            inputs = self._within_training_budget(inputs)
+        frames = self.line_frames(inputs.lines, inputs.widths)
+        config = self.config
+        hidden = config.text_config.hidden_size
+        pieces: list[list[torch.Tensor]] = [[] for _ in range(inputs.n_elements)]
+        heights = inputs.height.round().long().clamp(0, config.height_buckets - 1)
+        for b in range(inputs.n_elements):
+            pieces[b].append(self.start_embedding(heights[b])[None])
+        for i, (classes, features) in enumerate(frames):
+            owner = int(inputs.element[i])
+            # indentation in characters: the line's own crop pixels per character it holds
+            indent = round(float(inputs.indent[i]) * len(classes) / float(inputs.span[i])) if len(classes) else 0
+            pieces[owner].append(self.separator_embedding(torch.tensor([min(indent, config.indent_buckets - 1)],
+                                                                        device=self.device)))
+            if len(classes):
+                pieces[owner].append(self.character_embeddings(classes) + self.feature_projector(features))
+        for b in range(inputs.n_elements):
+            pieces[b].append(self.end_embedding[None])
+        sequences = [torch.cat(p) for p in pieces]
+        if self.training:
+            sequences = [s[: config.max_train_slots] for s in sequences]
+        length = max(s.shape[0] for s in sequences)
+        embeds = sequences[0].new_zeros(len(sequences), length, hidden)
+        valid = torch.zeros(len(sequences), length, dtype=torch.bool, device=self.device)
+        for b, sequence in enumerate(sequences):
+            embeds[b, : len(sequence)] = sequence
+            valid[b, : len(sequence)] = True
+        return ReaderPrefix(embeds=embeds, valid=valid)
+
+    def _within_training_budget(self, inputs: ReaderInputs) -> ReaderInputs:
+        """Each element's first lines until they surely fill ``max_train_slots`` (a character takes at
+        most ``SLOTS_BOUND`` CTC columns, so a line of c columns gives at least c / SLOTS_BOUND slots)."""
+        columns = inputs.widths.float() / COLUMN_STRIDE / SLOTS_BOUND
+        keep, filled = [], [0.0] * inputs.n_elements
+        for i in range(len(inputs.lines)):
+            owner = int(inputs.element[i])
+            if filled[owner] < self.config.max_train_slots:
+                keep.append(i)
+            filled[owner] += float(columns[i]) + 1
+        index = torch.tensor(keep, dtype=torch.long, device=inputs.widths.device)
+        return ReaderInputs([inputs.lines[i] for i in keep], inputs.widths[index], inputs.element[index],
+                            inputs.indent[index], inputs.span[index], inputs.height, inputs.n_elements)
+
+    @staticmethod
+    def prefix_positions(n_prefix: int, batch: int, device) -> torch.Tensor:
+        """Slot ``j`` at ``P + j - 2``: the slot of the ``k``-th character shares token ``k``'s position."""
+        return (torch.arange(n_prefix, device=device) + n_prefix - FIRST_CHARACTER_SLOT).expand(batch, -1)
+
+    # ----- training interface --------------------------------------------------------------------
+    @property
+    def special_ids(self) -> dict[str, int]:
+        ids = {name: getattr(self.config, f"{name}_token_id") for name in SPECIAL_ID_NAMES}
+        if any(v is None for v in ids.values()):
+            raise ValueError(f"model config lacks special token ids: {ids}")
+        return ids
+
+    @property
+    def vocab_size(self) -> int:
+        return self.language_model.get_output_embeddings().weight.shape[0]
+
+    @vocab_size.setter
+    def vocab_size(self, _value: int) -> None:
+        """``resize_token_embeddings`` assigns it; the size is read off the output layer."""
+
+    def draft_token_ids(self) -> torch.Tensor:
+        return torch.arange(max(self.special_ids.values()) + 1, self.vocab_size)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.language_model.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.language_model.set_input_embeddings(value)
+
+    def save_folder(self, path: Path, tokenizer, state_dict: dict | None = None) -> Path:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.save_pretrained(str(path), state_dict=state_dict)
+        tokenizer.save_pretrained(str(path))
+        return path
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                prefix: ReaderPrefix, **_unused) -> dict[str, torch.Tensor]:
+        """Token streams after the prefix: the prefix's positions are the reader's own, its padding hidden."""
+        n_prefix = prefix.length
+        positions = position_ids.clone()
+        positions[:, :n_prefix] = self.prefix_positions(n_prefix, positions.shape[0], positions.device)
+        mask = attention_mask.clone()
+        mask[..., :n_prefix] &= prefix.valid[:, None, None, :]
+        embeds = torch.cat([prefix.embeds, self.language_model.get_input_embeddings()(input_ids)], dim=1)
+        out = self.language_model.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
+                                         use_cache=False)
+        return {"logits": self.language_model.lm_head(out.last_hidden_state[:, n_prefix:])}
+
+    # ----- decoding interface ---------------------------------------------------------------------
+    @property
+    def max_positions(self) -> int:
+        return int(self.config.text_config.max_position_embeddings)
+
+    @torch.inference_mode()
+    def prefill(self, images: list[Image.Image], prompt_ids: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
+        """Encode the crops and run their prefixes once; the cache carries ``prefix_valid``."""
+        prefix = self.encode_pages(self.preprocess(images))
+        batch, n_prefix = prefix.valid.shape
+        prompt_ids = prompt_ids.to(self.device)
+        total = n_prefix + prompt_ids.shape[1]
+        positions = torch.cat([self.prefix_positions(n_prefix, batch, self.device),
+                               (torch.arange(prompt_ids.shape[1], device=self.device) + n_prefix).expand(batch, -1)], 1)
+        mask = torch.tril(torch.ones(total, total, dtype=torch.bool, device=self.device)).expand(batch, 1, -1, -1).clone()
+        mask[..., :n_prefix] &= prefix.valid[:, None, None, :]
+        mask |= torch.eye(total, dtype=torch.bool, device=self.device)  # a padded slot sees itself: no empty softmax
+        embeds = torch.cat([prefix.embeds, self.language_model.get_input_embeddings()(prompt_ids)], dim=1)
+        cache = DynamicCache(config=self.config.text_config)
+        out = self.language_model(inputs_embeds=embeds, position_ids=positions, attention_mask=mask, cache=cache,
+                                  use_cache=True)
+        cache.prefix_valid = prefix.valid
+        return out.logits[:, n_prefix:], cache
+
+    def static_decoder(self) -> StaticQwen2Decoder | None:
+        try:
+            return StaticQwen2Decoder(self.language_model)
+        except ValueError:
+            return None
+
+    @torch.inference_mode()
+    def forward_tokens(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       cache: DynamicCache) -> torch.Tensor:
+        out = self.language_model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                                  cache=cache, use_cache=True)
+        return out.logits
+
+
+AutoConfig.register(MODEL_TYPE, ReaderConfig)
+AutoModel.register(ReaderConfig, ReaderForConditionalGeneration)
+
+
+def class_byte_table(tokenizer, charset: list[str], max_bytes: int = MAX_BYTES) -> torch.Tensor:
+    """(classes, max_bytes): the token ids of each tower class's character (row 0, the blank, empty)."""
+    table = torch.full((len(charset) + 1, max_bytes), -1, dtype=torch.long)
+    for index, character in enumerate(charset, start=1):
+        ids = tokenizer(character, add_special_tokens=False)["input_ids"][:max_bytes]
+        table[index, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return table
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer with our special tokens and no merges: one token per UTF-8 byte."""
+    from components.tokenizer import train_markup_tokenizer
+
+    return train_markup_tokenizer(["# title\n\n```\ncode\n```"], vocab_size=256 + 6, min_frequency=10**9)
+
+
+def new_reader_model(seed: int = 0, **overrides) -> tuple[ReaderForConditionalGeneration, object]:
+    """A freshly initialised reader (decoder random, tower pretrained) and its byte tokenizer."""
+    from components.tokenizer import special_token_ids
+    from models.ocr_encoder import ppocr_charset
+
+    tokenizer = byte_tokenizer()
+    torch.manual_seed(seed)
+    model = ReaderForConditionalGeneration(reader_config(len(tokenizer), special_token_ids(tokenizer), **overrides))
+    model.class_bytes.copy_(class_byte_table(tokenizer, ppocr_charset()))
+    return model.eval(), tokenizer

@@ -1,0 +1,140 @@
+"""The real-document reader (models/reader.py): lines found in a crop, the prefix that aligns each
+character's slot with the token that writes it, padding that never changes a row's output, the
+objectives training it through the engine's interface, and its folder round trip."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+if importlib.util.find_spec("onnx2torch") is None:
+    pytest.skip("onnx2torch is not installed (./run setup installs it)", allow_module_level=True)
+
+from PIL import Image, ImageDraw, ImageFont
+
+
+def _crop(lines: list[str], size: int = 20, indent: list[int] | None = None) -> Image.Image:
+    """``lines`` in DejaVu Sans at ``size`` pixels, as an element crop at native resolution."""
+    from matplotlib import font_manager
+
+    font = ImageFont.truetype(font_manager.findfont("DejaVu Sans"), size)
+    indent = indent or [0] * len(lines)
+    width = max(int(font.getlength(t)) + pad for t, pad in zip(lines, indent, strict=True)) + 8
+    step = int(size * 1.4)
+    image = Image.new("RGB", (width, step * len(lines) + 6), "white")
+    draw = ImageDraw.Draw(image)
+    for i, (text, pad) in enumerate(zip(lines, indent, strict=True)):
+        draw.text((4 + pad, 3 + i * step), text, font=font, fill="black")
+    return image
+
+
+@pytest.fixture(scope="module")
+def reader():
+    from models.reader import new_reader_model
+
+    return new_reader_model(seed=0)
+
+
+def test_lines_of_a_crop_are_found_top_to_bottom():
+    from models.reader import find_lines
+
+    crop = _crop(["The first line, with descenders gjpq", "Second line", "third"], indent=[0, 40, 0])
+    boxes = find_lines(np.asarray(crop.convert("L")))
+    assert len(boxes) == 3
+    assert [b[1] for b in boxes] == sorted(b[1] for b in boxes)
+    assert boxes[1][0] - boxes[0][0] >= 35  # the indented line starts further right
+    assert find_lines(np.full((30, 80), 255, dtype=np.uint8)) == []
+
+
+def test_each_character_slot_shares_the_position_of_the_token_that_writes_it(reader):
+    """Slot 2 (after the start and the first separator) holds the first character: it must sit
+    at token 0's position P, so copying is attention at relative distance 0."""
+    model, _ = reader
+    from models.reader import FIRST_CHARACTER_SLOT
+
+    positions = model.prefix_positions(10, 1, "cpu")[0]
+    assert positions[FIRST_CHARACTER_SLOT] == 10
+    assert positions.tolist() == list(range(8, 18))
+
+
+def test_the_prefix_holds_a_slot_per_character_the_tower_reads(reader):
+    model, _ = reader
+    crop = _crop(["Hello world"], size=24)
+    prefix = model.encode_pages(model.cpu_preprocessor()([crop]))
+    # start + separator + the collapsed frames + end; the frozen recogniser reads 11 characters
+    assert prefix.valid.sum() == 2 + len("Hello world") + 1
+
+
+def test_a_batch_decodes_each_element_as_it_decodes_alone(reader):
+    """Elements of different lengths pad the shorter prefixes; the padding must stay hidden."""
+    from components.decoding.engine import DecodingEngine
+    from components.decoding.types import DecodeParams
+
+    model, tokenizer = reader
+    crops = [_crop(["A short one"]), _crop(["A much longer element of text", "spanning two lines here"])]
+    engine = DecodingEngine(model, tokenizer)
+    for decoder in ("ar", "sdb"):
+        params = DecodeParams(decoder=decoder, max_new_tokens=12)
+        together = engine.generate(crops, params)
+        for crop, result in zip(crops, together, strict=True):
+            [alone] = engine.generate([crop], params)
+            assert result.token_ids == alone.token_ids, decoder
+
+
+def test_every_objective_trains_the_decoder_and_never_the_tower(reader):
+    from components.training.config import load_train_config
+    from components.training.data import Batch
+    from components.training.mix import ObjectiveMix
+    from models.reader import new_reader_model
+
+    model, tokenizer = new_reader_model(seed=1)
+    config = load_train_config("configs/train/reader.yaml", [
+        "objectives={ar: 1.0, dar: 0.5, block_diffusion: 0.25, pabdm_csl: 0.25}"], check_paths=False)
+    mix = ObjectiveMix(model, config)
+    crops = [_crop(["first element"]), _crop(["# A title"], size=30)]
+    texts = ["first element", "# A title"]
+    ids = [[tokenizer.bos_token_id, *tokenizer(t, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+           for t in texts]
+    tokens = torch.full((2, max(map(len, ids))), tokenizer.pad_token_id)
+    for row, sequence in enumerate(ids):
+        tokens[row, : len(sequence)] = torch.tensor(sequence)
+    batch = Batch(pages=model.cpu_preprocessor()(crops), tokens=tokens, lengths=torch.tensor([len(s) for s in ids]),
+                  ends_with_eos=torch.ones(2, dtype=torch.bool), weights=torch.ones(2), page_ids=["a", "b"])
+    model.train()
+    loss, metrics = mix(batch, torch.Generator().manual_seed(0))
+    loss.backward()
+    assert {"loss_ar", "loss_dar", "loss_block_diffusion", "loss_pabdm_csl"} <= set(metrics)
+    assert all(p.grad is not None for p in model.parameters())
+    assert all(p.grad is None and not p.requires_grad for p in model.tower.module.parameters())
+
+
+def test_a_saved_reader_loads_and_decodes_the_same(reader, tmp_path):
+    from components.decoding.engine import DecodingEngine
+    from components.decoding.types import DecodeParams
+    from models.loading import load_markup_model
+
+    model, tokenizer = reader
+    model.save_folder(tmp_path / "reader", tokenizer)
+    loaded, loaded_tokenizer = load_markup_model(tmp_path / "reader")
+    crop = _crop(["Round trip"])
+    params = DecodeParams(max_new_tokens=8)
+    assert (DecodingEngine(loaded, loaded_tokenizer).generate([crop], params)[0].token_ids
+            == DecodingEngine(model, tokenizer).generate([crop], params)[0].token_ids)
+
+
+def test_a_reader_refuses_another_recogniser(reader, tmp_path):
+    import json
+
+    from models.loading import load_markup_model
+
+    model, tokenizer = reader
+    folder = model.save_folder(tmp_path / "reader", tokenizer)
+    config = json.loads((folder / "config.json").read_text())
+    config["tower_sha256"] = "0" * 64
+    (folder / "config.json").write_text(json.dumps(config))
+    loaded, _ = load_markup_model(folder)
+    with pytest.raises(ValueError, match="sha256 differs"):
+        loaded.encode_pages(loaded.cpu_preprocessor()([_crop(["x"])]))
