@@ -1,7 +1,8 @@
 """Pre-annotation on real pages: documentation PDFs that Debian ships, every backend that runs here.
 
-    python -m benchmarks.preannotation [--backends rapidocr,rapidocr_heuristic,rapidocr_fullres_heuristic,model]
+    python -m benchmarks.preannotation [--backends rapidocr,reader,rapidocr_heuristic,rapidocr_fullres_heuristic,model]
                                        [--pages NAME,...] [--repeats 1] [--model DIR] [--paddle-model DIR]
+                                       [--reader-model DIR]
                                        [--out var/bench/preannotation]
 
 The pages (``PAGES``) come from five Debian packages fetched with ``apt-get download`` and
@@ -245,7 +246,11 @@ def confidence_ranking(rows: list[dict]) -> float | None:
 # backends and the run
 
 
-def make_backends(names: list[str], model_dir: str | None, paddle_dir: str | None) -> dict:
+READER_DIR = "models/pretrained/docmarkup-reader"
+
+
+def make_backends(names: list[str], model_dir: str | None, paddle_dir: str | None,
+                  reader_dir: str | None = None) -> dict:
     """The named backends that can run here (a backend whose weights are absent is skipped, said why)."""
     from components.curation.preannotate import make_preannotator
 
@@ -256,6 +261,8 @@ def make_backends(names: list[str], model_dir: str | None, paddle_dir: str | Non
         "rapidocr_fullres_heuristic": {"backend": "rapidocr", "layout_model": None, "det_max_side": None},
         "model": {"backend": "model", "model_dir": model_dir or "models/pretrained/docmarkup-base"},
         "paddleocr_vl": {"backend": "paddleocr_vl_transformers", "model_dir": paddle_dir},
+        # the real-document reader: rapid-layout, then every element crop read by the reader
+        "reader": {"backend": "model", "model_dir": reader_dir or READER_DIR, "parse": "elements"},
     }
     backends = {}
     for name in names:
@@ -263,6 +270,10 @@ def make_backends(names: list[str], model_dir: str | None, paddle_dir: str | Non
             raise SystemExit(f"unknown backend {name!r}; choose from {sorted(configs)}")
         if name == "paddleocr_vl" and not paddle_dir:
             print("[bench] paddleocr_vl skipped: pass --paddle-model DIR (a PaddleOCR-VL checkpoint folder)",
+                  file=sys.stderr)
+            continue
+        if name == "reader" and not (Path(configs[name]["model_dir"]) / "config.json").is_file():
+            print(f"[bench] reader skipped: no model at {configs[name]['model_dir']} (./run pretrain --reader makes it)",
                   file=sys.stderr)
             continue
         backends[name] = make_preannotator(configs[name])
@@ -332,10 +343,11 @@ def read_fixture(path: Path) -> tuple[BenchPage, Image.Image, PageTruth]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backends", default="rapidocr,rapidocr_heuristic,rapidocr_fullres_heuristic,model")
+    parser.add_argument("--backends", default="rapidocr,reader,rapidocr_heuristic,rapidocr_fullres_heuristic,model")
     parser.add_argument("--pages", default=None, help="comma-separated page names (default: all)")
     parser.add_argument("--model", default=None, help="model folder for the `model` backend (default: shipped base)")
     parser.add_argument("--paddle-model", default=None, help="PaddleOCR-VL folder for the paddleocr_vl backend")
+    parser.add_argument("--reader-model", default=None, help=f"model folder for the `reader` backend (default {READER_DIR})")
     parser.add_argument("--write-fixtures", default=None, metavar="DIR",
                         help="write the selected pages as regression-test fixtures into DIR and stop")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per page and backend (median kept)")
@@ -356,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             write_fixture(bench, image, truth, Path(args.write_fixtures))
         print(f"wrote {len(pages)} fixture(s) to {args.write_fixtures}")
         return 0
-    backends = make_backends(args.backends.split(","), args.model, args.paddle_model)
+    backends = make_backends(args.backends.split(","), args.model, args.paddle_model, args.reader_model)
     for annotator in backends.values():
         annotator.annotate(pages[0][1], "warmup")  # load weights outside the timed pages
     rows: dict[str, list[dict]] = {name: [] for name in backends}

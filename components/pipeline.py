@@ -30,6 +30,9 @@ class IngestSection(_Strict):
     synthetic_preset: Literal["tiny", "standard"] = "tiny"
     pdf_dir: str | None = None  # bring your own pages: PDFs rendered with pypdfium2
     image_dir: str | None = None
+    # Pages with their ground truth from another page store (a real-document corpus split, say):
+    # copied in as they are; their truth trains and evaluates like the synthetic pages'.
+    page_store: str | None = None
     # Records per shard of the page store made at ingest (curation tasks run one per shard).
     shard_rows: int = Field(10_000, ge=1)
 

@@ -144,3 +144,29 @@ def test_a_pdf_package_becomes_pages_with_elements_and_a_rerun_resumes(tmp_path,
     monkeypatch.setattr(corpus, "page_elements", lambda *a, **k: rendered.append(1) or ([], []))
     again = corpus.build_corpus(["local-doc"], tmp_path / "out", cache=tmp_path / "cache", progress=lambda _: None)
     assert rendered == [] and again.pages == report.pages  # every page was stored already
+
+
+def test_a_sample_store_splits_by_document_and_a_pipeline_ingests_it_once(tmp_path):
+    """The real pages ``./run demo --real`` ships: every split holds whole documents, and the
+    ingest step copies the store (records and images) without duplicating it on a rerun."""
+    from collections import defaultdict
+
+    from components.curation.workflow import copy_pages
+    from components.data.corpus import sample_store
+    from PIL import Image
+
+    from components.data.page_store import PageDataset
+
+    fixture = Path(__file__).parent / "fixtures" / "corpus_pages"
+    assert sample_store(fixture, tmp_path / "sample", pages=6, per_document=1) == 5  # five documents
+    sample = PageDataset(tmp_path / "sample")
+    splits = defaultdict(set)
+    for page in sample.iter_pages():
+        splits[page.meta["split"]].add(page.meta["document_id"])
+        with Image.open(sample.image_path(page)) as stored:
+            assert stored.mode == "L"  # grayscale PNG: a third of the RGB bytes
+    assert {k: len(v) for k, v in splits.items()} == {"train": 3, "val": 1, "test": 1}
+    target = PageDataset(tmp_path / "pages")
+    assert copy_pages(sample, target) == 5
+    assert copy_pages(sample, target) == 0
+    assert [p.elements for p in target.iter_pages()] == [p.elements for p in sample.iter_pages()]

@@ -75,8 +75,27 @@ def ingest_pages(cfg: PipelineConfig) -> dict:
             report["pdf"] = import_pdfs(cfg.ingest.pdf_dir, cfg.pages_dir, on_error="skip").summary()
         if cfg.ingest.image_dir:
             report["images"] = import_images(cfg.ingest.image_dir, cfg.pages_dir, on_error="skip").summary()
+    if cfg.ingest.page_store:
+        report["page_store_added"] = copy_pages(PageDataset(cfg.repository / cfg.ingest.page_store), dataset)
     report["total_pages"] = len(dataset)
     return report
+
+
+def copy_pages(source: PageDataset, target: PageDataset) -> int:
+    """Copy ``source``'s pages (records and images) that ``target`` lacks; how many were added."""
+    if not source.exists():
+        raise FileNotFoundError(f"ingest.page_store: no page store at {source.root}")
+    ids = source.ids()
+    existing = set(target.get_many(ids))
+    pending = []
+    for page in source.iter_pages():
+        if page.page_id in existing:
+            continue
+        page.image = target.save_image(page.page_id, source.load_image(page))
+        pending.append(page)
+    if pending:
+        target.upsert(pending)
+    return len(pending)
 
 
 def preannotation_units(cfg: PipelineConfig) -> list[dict]:

@@ -3,6 +3,7 @@
     python -m components.data.corpus build --packages P1,P2,... --out DIR [--max-pages N]
         [--pages-per-document 24] [--dpi 144] [--layout rapid-layout|none] [--cache var/debian]
         [--synthetic-pages N] [--dvc]
+    python -m components.data.corpus sample --from DIR/test --out DIR [--pages 12] [--per-document 2]
 
 Each package is fetched with ``apt-get download`` and unpacked (:mod:`components.data.debian_docs`);
 every PDF it ships is a document. Pages are rendered at ``--dpi`` and read from their text layer
@@ -315,6 +316,35 @@ def add_synthetic_pages(out: Path, count: int, seed: int = SYNTHETIC_SEED) -> No
             PageDataset(out / split).upsert(pages)
 
 
+def sample_store(source: Path, out: Path, pages: int, per_document: int = 2, min_text_elements: int = 5) -> int:
+    """A small page store of ``source``'s pages (at most ``per_document`` of each document, each with
+    at least ``min_text_elements`` text elements), images kept as grayscale PNG: the real pages
+    ``./run demo --real`` ships. Its own splits go by document (the last fifth of the documents
+    ``test``, the fifth before ``val``, at least one each), recorded in ``meta["split"]`` as a
+    pipeline's split step keeps them; the corpus's split moves to ``meta["corpus_split"]``."""
+    store, target = PageDataset(source), PageDataset(out)
+    taken: Counter = Counter()
+    chosen = []
+    for page in store.iter_pages():
+        document = page.meta.get("document_id")
+        if taken[document] >= per_document or sum(e.category == "text" for e in page.elements) < min_text_elements:
+            continue
+        taken[document] += 1
+        page.image = target.save_image(page.page_id, store.load_image(page).convert("L"))
+        chosen.append(page)
+        if len(chosen) == pages:
+            break
+    documents = list(dict.fromkeys(page.meta.get("document_id") for page in chosen))
+    held = max(1, round(len(documents) / 5))
+    split_of = {d: "test" if i >= len(documents) - held else "val" if i >= len(documents) - 2 * held else "train"
+                for i, d in enumerate(documents)}
+    for page in chosen:
+        page.meta["corpus_split"] = page.meta.get("split")
+        page.meta["split"] = split_of[page.meta.get("document_id")]
+    target.upsert(chosen)
+    return len(chosen)
+
+
 def _rapid_layout_regions() -> RegionFinder:
     """rapid-layout's detector, loaded once (the offline layout backend the parsers use)."""
     from components.parsing.layout.rapid import (
@@ -339,7 +369,15 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--synthetic-pages", type=int, default=0,
                        help="add this many synthetic 768x1024 pages (tables and formulas with exact markup)")
     build.add_argument("--dvc", action="store_true", help="version --out with DVC (inside the repository)")
+    sample = commands.add_parser("sample", help="copy a few pages of a corpus split into a small store")
+    sample.add_argument("--from", dest="source", type=Path, required=True)
+    sample.add_argument("--out", type=Path, required=True)
+    sample.add_argument("--pages", type=int, default=12)
+    sample.add_argument("--per-document", type=int, default=2)
     args = parser.parse_args(argv)
+    if args.command == "sample":
+        print(f"[corpus] {sample_store(args.source, args.out, args.pages, args.per_document)} pages -> {args.out}")
+        return 0
     packages = [p.strip() for p in args.packages.split(",") if p.strip()]
     if not packages and not args.synthetic_pages:
         parser.error("--packages names no package (and --synthetic-pages adds none)")

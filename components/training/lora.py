@@ -17,7 +17,7 @@ from torch import nn
 # every Hugging Face family we load); the vision tower, whose ViT layers reuse names like ``q_proj``, stays frozen,
 # as in the usual Qwen2.5-VL LoRA recipes.
 DECODER_PROJECTIONS = r".*language_model\..*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
-DEFAULT_TARGETS = {family: DECODER_PROJECTIONS for family in ("docvlm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "paddleocr_vl")}
+DEFAULT_TARGETS = {family: DECODER_PROJECTIONS for family in ("docvlm", "docmarkup_reader", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "paddleocr_vl")}
 
 
 def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, target_modules: list[str] | str | None = None,
