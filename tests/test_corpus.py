@@ -151,10 +151,10 @@ def test_a_sample_store_splits_by_document_and_a_pipeline_ingests_it_once(tmp_pa
     ingest step copies the store (records and images) without duplicating it on a rerun."""
     from collections import defaultdict
 
-    from components.curation.workflow import copy_pages
-    from components.data.corpus import sample_store
     from PIL import Image
 
+    from components.curation.workflow import copy_pages
+    from components.data.corpus import sample_store
     from components.data.page_store import PageDataset
 
     fixture = Path(__file__).parent / "fixtures" / "corpus_pages"
