@@ -329,3 +329,21 @@ def test_a_speculative_length_beyond_the_positions_names_its_parameter(tokenizer
     with pytest.raises(ValueError, match=rf"{name} {engine.max_positions} is too large for this model"):
         engine.check_params(too_long)
     engine.check_params(DecodeParams(decoder=decoder, **{name: 4}))
+
+
+def test_choosing_a_whole_forward_at_once_equals_choosing_row_by_row():
+    """The engine picks every row's tokens where the logits are and moves only (B, Q) tokens and
+    confidences to the host; the picks must be the ones each row would make alone."""
+    import torch
+
+    from components.decoding.sampling import choose_rows, choose_tokens
+    from components.decoding.types import DecodeParams
+
+    logits = torch.randn(3, 5, 40, generator=torch.Generator().manual_seed(0))
+    banned = torch.tensor([0, 1, 2])
+    for params in (DecodeParams(), DecodeParams(temperature=0.8, top_k=5)):
+        rows = choose_rows(logits, params, [torch.Generator().manual_seed(i) for i in range(3)], banned)
+        alone = [choose_tokens(logits[i], params, torch.Generator().manual_seed(i), banned) for i in range(3)]
+        assert [r[0] for r in rows] == [a[0] for a in alone]
+        assert all(abs(x - y) < 1e-6 for r, a in zip(rows, alone, strict=True) for x, y in zip(r[1], a[1], strict=True))
+        assert not any(t in (0, 1, 2) for r in rows for t in r[0])

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
-from components.decoding.sampling import choose_tokens
 from components.decoding.strategy import Acceptance, StepPlan, Strategy
 from components.decoding.types import RowState
 
@@ -19,6 +16,5 @@ class AutoregressiveStrategy(Strategy):
     def plan(self, row: RowState) -> StepPlan:
         return self.pending_committed(row)
 
-    def accept(self, row: RowState, logits: torch.Tensor) -> Acceptance:
-        tokens, confidences = choose_tokens(logits, self.params, row.generator, self.banned)
-        return Acceptance(commit=tokens, confidences=confidences, keep_spec=1, decided=1)
+    def accept(self, row: RowState, predicted: list[int], confidences: list[float]) -> Acceptance:
+        return Acceptance(commit=predicted, confidences=confidences, keep_spec=1, decided=1)

@@ -12,9 +12,6 @@ forward. A committed ``<eos>`` makes later targets of the block unnecessary.
 
 from __future__ import annotations
 
-import torch
-
-from components.decoding.sampling import choose_tokens
 from components.decoding.strategy import Acceptance, StepPlan, Strategy
 from components.decoding.types import RowState
 
@@ -49,8 +46,7 @@ class BlockDiffusionStrategy(Strategy):
         inputs = [t if t != UNKNOWN else self.ids.mask for t in row.block_targets[:-1]]
         return StepPlan(stored=row.tokens[row.cached : start], spec=[row.tokens[start], *inputs])
 
-    def accept(self, row: RowState, logits: torch.Tensor) -> Acceptance:
-        predicted, confidences = choose_tokens(logits, self.params, row.generator, self.banned)
+    def accept(self, row: RowState, predicted: list[int], confidences: list[float]) -> Acceptance:
         needed = self._needed(row)
         masked = [j for j in range(needed) if row.block_targets[j] == UNKNOWN]
         chosen = [j for j in masked if confidences[j] >= self.params.threshold]

@@ -30,6 +30,7 @@ from components.decoding import masks
 from components.decoding.ar import AutoregressiveStrategy
 from components.decoding.block_diffusion import BlockDiffusionStrategy
 from components.decoding.ppc import PrefixCommitmentStrategy
+from components.decoding.sampling import choose_rows
 from components.decoding.sdb import SlidingDiffusionBlockStrategy
 from components.decoding.strategy import SpecialIds, Strategy
 from components.decoding.types import CommitEvent, DecodeParams, DecodeResult, DecodeStats, RowState
@@ -192,14 +193,15 @@ class DecodingEngine:
                 position_ids[i, n_stored:] = torch.arange(first + k, first + k + strategy.spec_length)
             attention = masks.decode_step(slots.past_valid(), stored_valid.to(device), strategy.spec_length,
                                           strategy.pattern)
-            spec_logits = slots.forward(input_ids.to(device), position_ids.to(device), attention, n_stored).float().cpu()
+            spec_logits = slots.forward(input_ids.to(device), position_ids.to(device), attention, n_stored)
+            choices = choose_rows(spec_logits, params, [row.generator for row in active], strategy.banned)
 
             new_valid = torch.zeros((len(active), width), dtype=torch.bool)
             new_valid[:, :n_stored] = stored_valid
             extent = 0  # slots of this forward that some row keeps
             now = time.perf_counter()
             for i, (row, plan) in enumerate(zip(active, plans, strict=True)):
-                acceptance = strategy.accept(row, spec_logits[i])
+                acceptance = strategy.accept(row, *choices[i])
                 row.cached += len(plan.stored) + acceptance.keep_spec
                 new_valid[i, n_stored : n_stored + acceptance.keep_spec] = True
                 if acceptance.keep_spec:

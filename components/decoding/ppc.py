@@ -9,9 +9,6 @@ right after the committed prefix. Only the last token's KV is kept: mask inputs 
 
 from __future__ import annotations
 
-import torch
-
-from components.decoding.sampling import choose_tokens
 from components.decoding.strategy import Acceptance, StepPlan, Strategy
 from components.decoding.types import RowState
 
@@ -36,8 +33,7 @@ class PrefixCommitmentStrategy(Strategy):
         plan.spec.extend([self.ids.mask] * (self.params.span - 1))
         return plan
 
-    def accept(self, row: RowState, logits: torch.Tensor) -> Acceptance:
-        predicted, confidences = choose_tokens(logits, self.params, row.generator, self.banned)
+    def accept(self, row: RowState, predicted: list[int], confidences: list[float]) -> Acceptance:
         length = confident_prefix_length(confidences, self.params.threshold)
         if self.ids.eos in predicted[:length]:
             length = predicted.index(self.ids.eos) + 1

@@ -13,9 +13,6 @@ the accepted prefix stays, the rest is cropped by the engine.
 
 from __future__ import annotations
 
-import torch
-
-from components.decoding.sampling import choose_tokens
 from components.decoding.strategy import Acceptance, StepPlan, Strategy
 from components.decoding.types import RowState
 
@@ -35,9 +32,8 @@ class SlidingDiffusionBlockStrategy(Strategy):
         plan.spec.extend(row.draft)
         return plan
 
-    def accept(self, row: RowState, logits: torch.Tensor) -> Acceptance:
+    def accept(self, row: RowState, predicted: list[int], confidences: list[float]) -> Acceptance:
         window = self.params.window
-        predicted, confidences = choose_tokens(logits, self.params, row.generator, self.banned)
         matched = 0
         while matched < window and row.draft[matched] == predicted[matched] and predicted[matched] != self.ids.eos:
             matched += 1

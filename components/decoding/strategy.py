@@ -69,8 +69,9 @@ class Strategy:
     def plan(self, row: RowState) -> StepPlan:
         raise NotImplementedError
 
-    def accept(self, row: RowState, logits: torch.Tensor) -> Acceptance:
-        """``logits`` (spec_length, V): output i predicts the token after spec input i."""
+    def accept(self, row: RowState, predicted: list[int], confidences: list[float]) -> Acceptance:
+        """The token chosen at each speculative output (spec_length of them: output i predicts the
+        token after spec input i; :func:`components.decoding.sampling.choose_rows`) and its probability."""
         raise NotImplementedError
 
     def pending_committed(self, row: RowState) -> StepPlan:
