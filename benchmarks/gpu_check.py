@@ -10,7 +10,8 @@ error and the others still run, so a short device slot always brings back what i
 - ``decoding`` (:mod:`benchmarks.gpu_decoding`): the ~1B random Qwen2.5-VL in bf16: engine AR against
   the checkpoint's own ``generate()`` token for token and in tokens/s, SDB at w = 4/16/32 (seconds per
   forward at Q = 1/5/17/33), host syncs per step, peak memory;
-- ``shipped``: the shipped base model(s): SDB = AR token for token, batch 8 = batch 1, AR/SDB/PPC/block
+- ``shipped``: the shipped models (the base on synthetic pages, the reader on real element crops): SDB = AR
+  token for token, batch 8 = batch 1, AR/SDB/PPC/block
   tokens/s and tokens per forward;
 - ``triton``: Triton with ``device: cuda`` (``KIND_GPU`` instances) serving the shipped base, unary and
   streaming requests through ``tritonclient``: latency and its overhead over the bare engine on the
@@ -36,7 +37,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = [ROOT / "models" / "pretrained" / "docmarkup-base"]
+SHIPPED = [ROOT / "models" / "pretrained" / "docmarkup-base", ROOT / "models" / "pretrained" / "docmarkup-reader"]
+READER_CROPS = ROOT / "tests" / "fixtures" / "corpus_pages"  # real pages whose element crops the reader reads
 PARTS = ("decoding", "shipped", "triton", "training")
 PAGE_SEED = 94_000_000
 
@@ -47,14 +49,26 @@ def _pages(count: int):
     return [generate_page(PAGE_SEED + i)[1] for i in range(count)]
 
 
+def _element_crops(count: int):
+    """The first ``count`` text-like element crops of the shipped real pages (the reader's input)."""
+    from components.data.page_store import PageDataset
+    from components.evaluation.element_reading import store_elements
+
+    return [crop for *_, crop in store_elements(PageDataset(READER_CROPS), ("text", "title", "code"), count)]
+
+
 def shipped_part(device: str, pages: int, max_new_tokens: int, out: Path) -> dict:
     """Each shipped model on ``device``: exactness (SDB = AR, batch 8 = batch 1) and decoder speed."""
     from components.decoding.engine import DecodingEngine
     from components.decoding.types import DecodeParams
+    from models.loading import model_family
 
-    images = _pages(pages)
     report = {}
     for folder in SHIPPED:
+        if not (folder / "config.json").is_file():
+            continue
+        reader = model_family(folder) == "docmarkup_reader"
+        images = _element_crops(pages) if reader else _pages(pages)
         engine = DecodingEngine.from_pretrained(folder, device=device)
         rows = {}
         reference = None
