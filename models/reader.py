@@ -4,11 +4,11 @@ The vision tower is PP-OCRv6's text-line recogniser (:mod:`models.ocr_encoder`, 
 element crop is cut into its text lines (:func:`find_lines`), each line is encoded at 48 pixels
 high, and its CTC frames are collapsed greedily (one frame per character the recogniser emits).
 Each kept frame becomes one prefix slot: the tower's 120-d feature, projected, plus the mean of
-the decoder's own token embeddings of the character's bytes (the embedding table is shared, so a
-slot says which character the tower saw in the decoder's own terms). A start slot carries the
+the decoder's own token embedding of each of the character's UTF-8 bytes, one slot per byte (the
+embedding table is shared, so a slot says which byte the tower saw in the decoder's own terms). A start slot carries the
 element's line height (titles are set larger), a separator slot before every line its
 indentation in characters (code keeps its indentation). A Qwen2 decoder over byte tokens
-writes the element's markup.
+writes the element's text; the layout's category gives its form (``writes_markup: false``).
 
 Positions align reading with writing: prefix slot ``j`` gets the RoPE position ``P + j - 2``
 (``P`` the prefix length), so token ``k`` (position ``P + k``, ``<bos>`` at 0) sits at the
@@ -79,6 +79,9 @@ class ReaderConfig(PreTrainedConfig):
     # While training, a prefix is cut to this many slots: targets are cut to data.max_tokens, and the
     # slots past them only cost time (one long element pads a whole batch to its length).
     max_train_slots: int = 448
+    # False: the reader writes an element's text and the layout's category gives its form (# title,
+    # code fence), so every written token has a slot; True: it writes the markup form itself.
+    writes_markup: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
@@ -325,13 +328,19 @@ class ReaderForConditionalGeneration(PreTrainedModel):
     def preprocess(self, images: list[Image.Image]) -> ReaderInputs:
         return self.cpu_preprocessor()(images).to(self.device)
 
-    def character_embeddings(self, classes: torch.Tensor) -> torch.Tensor:
-        """The mean of the decoder's embeddings of each class's bytes (shared table)."""
+    @property
+    def writes_markup(self) -> bool:
+        return bool(self.config.writes_markup)
+
+    def character_slots(self, classes: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """One slot per UTF-8 byte of each character the tower read: the decoder's own embedding of
+        that byte token (shared table) plus the projected frame feature. A character the decoder
+        writes as three byte tokens (’, —) takes three slots, so slots and written tokens stay aligned."""
         table = self.language_model.get_input_embeddings().weight
-        ids = self.class_bytes[classes]  # (n, MAX_BYTES)
+        ids = self.class_bytes[classes]  # (n, MAX_BYTES), -1 padded
         present = ids >= 0
-        summed = (table[ids.clamp_min(0)] * present[..., None].to(table.dtype)).sum(1)
-        return summed / present.sum(1, keepdim=True).clamp_min(1).to(table.dtype)
+        frame = torch.arange(len(classes), device=classes.device).repeat_interleave(present.sum(1))
+        return table[ids[present]] + self.feature_projector(features)[frame]
 
     def encode_pages(self, inputs: ReaderInputs) -> ReaderPrefix:
         inputs = inputs.to(self.device)
@@ -351,7 +360,7 @@ class ReaderForConditionalGeneration(PreTrainedModel):
             pieces[owner].append(self.separator_embedding(torch.tensor([min(indent, config.indent_buckets - 1)],
                                                                         device=self.device)))
             if len(classes):
-                pieces[owner].append(self.character_embeddings(classes) + self.feature_projector(features))
+                pieces[owner].append(self.character_slots(classes, features))
         for b in range(inputs.n_elements):
             pieces[b].append(self.end_embedding[None])
         sequences = [torch.cat(p) for p in pieces]

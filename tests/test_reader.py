@@ -138,3 +138,28 @@ def test_a_reader_refuses_another_recogniser(reader, tmp_path):
     loaded, _ = load_markup_model(folder)
     with pytest.raises(ValueError, match="sha256 differs"):
         loaded.encode_pages(loaded.cpu_preprocessor()([_crop(["x"])]))
+
+
+def test_a_character_takes_one_slot_per_byte_it_is_written_with(reader):
+    """’ is three byte tokens: three slots keep every later slot beside the token that writes it."""
+    from models.ocr_encoder import ppocr_charset
+
+    model, tokenizer = reader
+    charset = ppocr_charset()
+    classes = torch.tensor([charset.index("a") + 1, charset.index("’") + 1, charset.index("b") + 1])
+    slots = model.character_slots(classes, torch.zeros(3, model.config.feature_size + 1))
+    assert slots.shape[0] == len(tokenizer("a’b", add_special_tokens=False)["input_ids"]) == 5
+
+
+def test_the_reader_learns_element_text_and_the_layout_gives_its_form():
+    """The reader's targets are bare content; a parse wraps its text by the layout's category."""
+    from components.data.pages import LayoutElement, Page
+    from components.parsing.assembly import element_markup
+    from components.training.data import element_targets
+
+    page = Page(page_id="p", image="x.png", width=200, height=200, elements=[
+        LayoutElement("title", (0, 0, 100, 20), "Results"), LayoutElement("code", (0, 30, 100, 60), "x = 1")])
+    assert [t for _, _, t in element_targets(page, markup=False)[0]] == ["Results", "x = 1"]
+    assert [t for _, _, t in element_targets(page)[0]] == ["# Results", "```text\nx = 1\n```"]
+    assert element_markup("title", "Results") == "# Results"
+    assert element_markup("code", "x = 1") == "```text\nx = 1\n```"

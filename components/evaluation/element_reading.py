@@ -23,7 +23,7 @@ from rapidfuzz.distance import Levenshtein
 from components.data.markup import parse_markup
 from components.data.page_store import PageDataset
 from components.decoding.types import DecodeParams
-from components.parsing.assembly import element_content
+from components.parsing.assembly import element_content, element_markup
 from components.parsing.crops import DEFAULT_CROP, crop_region
 
 TEXT_LIKE = ("text", "title", "code")
@@ -65,10 +65,12 @@ def store_elements(store: PageDataset, categories: tuple[str, ...], limit: int |
             yield page.page_id, element.category, element.content, crop.image
 
 
-def score_element(page_id: str, category: str, truth: str, markup: str, forwards: int, tokens: int) -> ElementReading:
+def score_element(page_id: str, category: str, truth: str, markup: str, forwards: int, tokens: int,
+                  content: str | None = None) -> ElementReading:
+    """``content``: what the model wrote when it writes bare text (the reader), else read off ``markup``."""
     blocks = parse_markup(markup) if markup.strip() else []
     form_kept = len(blocks) == 1 and blocks[0].category == category
-    content = element_content(markup)
+    content = element_content(markup) if content is None else content.strip()
     score = None
     if category == "table":
         from components.metrics.table import teds
@@ -88,6 +90,7 @@ def read_store(engine, store: PageDataset, params: DecodeParams, categories: tup
     """Decode the store's elements in batches; the readings and the decoding seconds."""
     readings: list[ElementReading] = []
     seconds = 0.0
+    writes_markup = getattr(engine.model, "writes_markup", True)
     pending: list[tuple[str, str, str, Image.Image]] = []
 
     def flush() -> None:
@@ -98,8 +101,12 @@ def read_store(engine, store: PageDataset, params: DecodeParams, categories: tup
         results = engine.generate([item[3] for item in pending], params)
         seconds += time.perf_counter() - started
         for (page_id, category, truth, _), result in zip(pending, results, strict=True):
-            readings.append(score_element(page_id, category, truth, result.text, result.stats.forward_passes,
-                                          result.stats.new_tokens))
+            if writes_markup:
+                markup, content = result.text, None
+            else:  # bare text: its form comes from the (here: true) category, as the parser gives it
+                markup, content = element_markup(category, result.text), result.text
+            readings.append(score_element(page_id, category, truth, markup, result.stats.forward_passes,
+                                          result.stats.new_tokens, content))
         pending.clear()
 
     for item in store_elements(store, categories, limit):

@@ -28,10 +28,11 @@ def recognition_category(category: str) -> str | None:
 def element_markup(category: str, text: str, native: bool = True) -> str:
     """A recogniser's output in page-markup form.
 
-    Prompt-free element models (``native=False``: ours) write it already (their targets are
-    :func:`render_block` of the element) and decide the form from the crop, which a detector's
-    category must not overrule; a prompted family's native outputs (bare LaTeX after
-    ``Formula Recognition:``, a title without ``#``) are wrapped by the layout's category."""
+    Prompt-free page-trained element models (``native=False``: the DocVLM) write it already (their
+    targets are :func:`render_block` of the element) and decide the form from the crop, which a
+    detector's category must not overrule; a prompted family's native outputs (bare LaTeX after
+    ``Formula Recognition:``, a title without ``#``) and the reader's bare text are wrapped by the
+    layout's category."""
     text = text.strip()
     if not text or not native:
         return text
@@ -39,6 +40,8 @@ def element_markup(category: str, text: str, native: bool = True) -> str:
         return render_block("formula", text.strip("$").strip())
     if category == "title" and not text.startswith("#"):
         return render_block("title", text)
+    if category == "code" and not text.startswith("```"):
+        return render_block("code", text)
     return text
 
 

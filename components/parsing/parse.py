@@ -135,6 +135,7 @@ def parse_pages(
     params = params or DecodeParams()
     pages = pages or [None] * len(images)
     style = style_for_model(getattr(engine, "model", None), prompt_style)
+    writes_markup = getattr(getattr(engine, "model", None), "writes_markup", True)
     parses: list[PageParse] = []
     jobs: list[tuple[ParsedElement, Image.Image, str | None]] = []
     for image, page in zip(images, pages, strict=True):
@@ -165,7 +166,7 @@ def parse_pages(
                 element.error = f"{type(outcome).__name__}: {outcome}"
                 continue
             element.markup = element_markup(recognition_category(element.category) or "text", outcome.text,
-                                            native=style != "none")
+                                            native=style != "none" or not writes_markup)
             element.stats, element.truncated = outcome.stats, outcome.truncated
             element.token_ids, element.confidences = outcome.token_ids, outcome.confidences
             element.confidence = outcome.stats.mean_confidence

@@ -58,8 +58,11 @@ class Example:
 UNITS = ("page", "element")
 
 
-def element_targets(page: Page, settings: CropSettings = DEFAULT_CROP) -> tuple[list[tuple[int, str, str]], int]:
-    """``(index, category, target markup)`` of a page's trainable elements, and how many were dropped."""
+def element_targets(page: Page, settings: CropSettings = DEFAULT_CROP,
+                    markup: bool = True) -> tuple[list[tuple[int, str, str]], int]:
+    """``(index, category, target)`` of a page's trainable elements, and how many were dropped. The
+    target is the element's markup (``render_block``), or with ``markup=False`` its bare content, for
+    a model that reads an element's text and leaves its form to the layout's category (the reader)."""
     kept, dropped = [], 0
     for index, element in enumerate(page.elements):
         if element.category not in BLOCK_CATEGORIES:
@@ -68,7 +71,8 @@ def element_targets(page: Page, settings: CropSettings = DEFAULT_CROP) -> tuple[
         if not element.content.strip() or x1 - x0 < settings.min_side or y1 - y0 < settings.min_side:
             dropped += 1
             continue
-        kept.append((index, element.category, render_block(element.category, element.content)))
+        kept.append((index, element.category,
+                     render_block(element.category, element.content) if markup else element.content))
     return kept, dropped
 
 
@@ -119,7 +123,7 @@ class ShardedExamples(Sequence[Example]):
     """
 
     def __init__(self, root: str | Path, tokenizer: PreTrainedTokenizerFast, max_tokens: int, shards_in_memory: int = 3,
-                 unit: str = "page"):
+                 unit: str = "page", markup: bool = True):
         self.store = PageDataset(root)
         if not self.store.exists():
             raise FileNotFoundError(f"training dataset {self.store.root} has no page store; create or pull it first")
@@ -129,9 +133,9 @@ class ShardedExamples(Sequence[Example]):
             raise InvalidPageError(f"training dataset {self.store.root} holds no pages")
         if unit not in UNITS:
             raise ValueError(f"data.unit must be one of {UNITS}, got {unit!r}")
-        self.tokenizer, self.max_tokens, self.unit = tokenizer, max_tokens, unit
+        self.tokenizer, self.max_tokens, self.unit, self.markup = tokenizer, max_tokens, unit, markup
         vocab = json.dumps(tokenizer.get_vocab(), sort_keys=True) + f"|{tokenizer.bos_token_id}|{tokenizer.eos_token_id}|{max_tokens}"
-        vocab += "" if unit == "page" else f"|{unit}"
+        vocab += "" if unit == "page" else f"|{unit}" + ("" if markup else "|content")
         self.cache_key = hashlib.sha256(vocab.encode()).hexdigest()[:16]
         self._loaded: OrderedDict[int, dict] = OrderedDict()
         self._in_memory = shards_in_memory
@@ -169,7 +173,7 @@ class ShardedExamples(Sequence[Example]):
     def _tokenise(self, shard: ShardInfo) -> dict:
         pages = self.store.shard_pages(shard)
         if self.unit == "element":
-            return self._encode(*self._element_units(pages))
+            return self._encode(*self._element_units(pages, self.markup))
         return self._encode([self._page_unit(page) for page in pages])
 
     def _page_unit(self, page: Page) -> tuple[Page, str, object, int | None, str | None]:
@@ -179,12 +183,12 @@ class ShardedExamples(Sequence[Example]):
         return page, page.markup, page.meta.get("consistency"), None, None
 
     @staticmethod
-    def _element_units(pages: list[Page]) -> tuple[list[tuple[Page, str, object, int | None, str | None]], int]:
+    def _element_units(pages: list[Page], markup: bool = True) -> tuple[list[tuple[Page, str, object, int | None, str | None]], int]:
         """One unit per trainable element (its own C where mining gave one, else the page's), and
         how many elements were dropped."""
         units, dropped = [], 0
         for page in pages:
-            kept, lost = element_targets(page)
+            kept, lost = element_targets(page, markup=markup)
             dropped += lost
             per_element = page.meta.get("element_consistency")
             for index, category, target in kept:
@@ -275,10 +279,10 @@ class ShardedExamples(Sequence[Example]):
 
 
 def load_examples(root: str | Path, tokenizer: PreTrainedTokenizerFast, max_tokens: int,
-                  unit: str = "page") -> ShardedExamples:
+                  unit: str = "page", markup: bool = True) -> ShardedExamples:
     """The store's examples (pages, or their elements), every shard tokenised (or read from its
-    cache) and validated now."""
-    examples = ShardedExamples(root, tokenizer, max_tokens, unit=unit)
+    cache) and validated now (``markup``: see :func:`element_targets`)."""
+    examples = ShardedExamples(root, tokenizer, max_tokens, unit=unit, markup=markup)
     examples.prepare()
     return examples
 

@@ -230,8 +230,9 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
 
     model, tokenizer, source = _load_model(config, output_dir, rank)
     unit = config.data.unit
-    base = load_examples(config.path(config.data.dataset), tokenizer, config.data.max_tokens, unit)
-    hard = (load_examples(config.path(config.data.hard_examples), tokenizer, config.data.max_tokens, unit)
+    markup = getattr(model, "writes_markup", True)  # the reader writes an element's text, not its form
+    base = load_examples(config.path(config.data.dataset), tokenizer, config.data.max_tokens, unit, markup)
+    hard = (load_examples(config.path(config.data.hard_examples), tokenizer, config.data.max_tokens, unit, markup)
             if config.data.hard_examples else None)
     plan = BatchPlan(base.shard_sizes, hard.shard_sizes if hard else 0, config.data.hard_ratio, config.seed,
                      config.train.micro_batch_size, config.train.grad_accum, world_size)
