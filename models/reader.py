@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -58,6 +59,8 @@ LINE_MARGIN = 3  # pixels kept around a line's ink
 MAX_BYTES = 4  # UTF-8 bytes of one character
 FIRST_CHARACTER_SLOT = 2
 MAX_CACHED_LINES = 200_000
+TOWER_CACHE_ENV = "DOCMARKUP_READER_TOWER_CACHE"  # a file keeping the tower's frames of training lines
+CACHE_SAVE_EVERY = 4000  # new lines between saves of that file
 SLOTS_BOUND = 6  # CTC columns one character takes at most (measured ~2.4 on 144-dpi pages)  # slot 0 is the start, slot 1 the first line's separator
 
 
@@ -266,8 +269,10 @@ class ReaderForConditionalGeneration(PreTrainedModel):
         # The byte tokens of each tower class (-1 padded): set by new_reader_model from the tokenizer.
         self.register_buffer("class_bytes", torch.full((config.num_classes, MAX_BYTES), -1, dtype=torch.long))
         self._tower: _Tower | None = None
-        # While training, the frozen tower's frames of every line seen (epochs pay for the tower once).
-        self._training_cache: dict[bytes, tuple[torch.Tensor, torch.Tensor]] = {}
+        # While training, the frozen tower's frames of every line seen (epochs pay for the tower once);
+        # with TOWER_CACHE_ENV naming a file, kept there too, so the next phase or a resumed run starts warm.
+        self._training_cache: dict[bytes, tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._cache_saved_size = 0
         self.post_init()
 
     # ----- the tower ---------------------------------------------------------------------------
@@ -289,7 +294,9 @@ class ReaderForConditionalGeneration(PreTrainedModel):
         """Per line: the collapsed CTC frames' classes (n,) and features (n, feature + 1), the extra
         column the frame's probability. Lines of one padded width run as one batch; while training, a
         line already seen is not run again (the tower is frozen, so its frames cannot change)."""
-        cache = self._training_cache if self.training and len(self._training_cache) < MAX_CACHED_LINES else None
+        cache = self._tower_cache() if self.training else None
+        if cache is not None and len(cache) >= MAX_CACHED_LINES:
+            cache = None
         out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(lines)
         todo: dict[int, list[int]] = {}
         keys: list[bytes | None] = [None] * len(lines)
@@ -314,7 +321,30 @@ class ReaderForConditionalGeneration(PreTrainedModel):
                 out[i] = (best[keep], frame.to(self.dtype))
                 if cache is not None:
                     cache[keys[i]] = (best[keep].cpu(), frame.cpu())
+        if cache is not None and len(cache) - self._cache_saved_size >= CACHE_SAVE_EVERY:
+            self._save_tower_cache()
         return out  # type: ignore[return-value]
+
+    def _tower_cache(self) -> dict[bytes, tuple[torch.Tensor, torch.Tensor]]:
+        if self._training_cache is None:
+            self._training_cache = {}
+            path = os.environ.get(TOWER_CACHE_ENV)
+            if path and Path(path).is_file() and self.config.tower_sha256:
+                stored = torch.load(path, weights_only=True)
+                if stored.get("tower_sha256") == self.config.tower_sha256:
+                    self._training_cache = {k: (c, f.float()) for k, (c, f) in stored["lines"].items()}
+            self._cache_saved_size = len(self._training_cache)
+        return self._training_cache
+
+    def _save_tower_cache(self) -> None:
+        path = os.environ.get(TOWER_CACHE_ENV)
+        if not path or self._training_cache is None or int(os.environ.get("RANK", "0")):
+            return
+        lines = {k: (c, f.half()) for k, (c, f) in self._training_cache.items()}
+        partial = Path(path).with_suffix(".partial")
+        torch.save({"tower_sha256": self.config.tower_sha256, "lines": lines}, partial)
+        partial.replace(path)
+        self._cache_saved_size = len(self._training_cache)
 
     @property
     def tower_dtype(self) -> torch.dtype:

@@ -163,3 +163,23 @@ def test_the_reader_learns_element_text_and_the_layout_gives_its_form():
     assert [t for _, _, t in element_targets(page)[0]] == ["# Results", "```text\nx = 1\n```"]
     assert element_markup("title", "Results") == "# Results"
     assert element_markup("code", "x = 1") == "```text\nx = 1\n```"
+
+
+def test_the_tower_frames_of_training_lines_are_kept_for_the_next_run(tmp_path, monkeypatch):
+    """A phase or a resumed run starts with the frozen tower's frames of every line seen before."""
+    import models.reader as reader_module
+    from models.reader import TOWER_CACHE_ENV, new_reader_model
+
+    monkeypatch.setenv(TOWER_CACHE_ENV, str(tmp_path / "frames.pt"))
+    monkeypatch.setattr(reader_module, "CACHE_SAVE_EVERY", 1)
+    model, _ = new_reader_model(seed=0)
+    model.train()
+    crops = [_crop(["cached line"]), _crop(["another", "two lines"])]
+    first = model.encode_pages(model.cpu_preprocessor()(crops))
+    assert (tmp_path / "frames.pt").is_file()
+    again, _ = new_reader_model(seed=0)
+    again.train()
+    assert len(again._tower_cache()) == 3
+    monkeypatch.setattr(reader_module._Tower, "__call__", lambda *a: pytest.fail("the tower ran for a cached line"))
+    second = again.encode_pages(again.cpu_preprocessor()(crops))
+    assert torch.allclose(first.embeds, second.embeds, atol=1e-2)  # frames are kept in half precision

@@ -34,8 +34,8 @@ CORPUS_PACKAGES = ("freefem-doc", "why3-doc-pdf", "python-reportlab-doc", "share
                    "auto-multiple-choice-doc-pdf", "texlive-latex-recommended-doc", "docbook-xsl-doc-pdf",
                    "siscone-doc-pdf", "gri-pdf-doc")
 # Phase 2: the block denoisers join once the decoder reads (their streams cost 2.7x an AR step on CPU).
-PHASE_2 = ["objectives={ar: 1.0, dar: 0.5, block_diffusion: 0.25, pabdm_csl: 0.25}", "train.steps=150",
-           "optim.lr=3.0e-4", "optim.warmup_steps=10", "train.save_every=50"]
+PHASE_2 = ["objectives={ar: 1.0, dar: 0.5, block_diffusion: 0.25, pabdm_csl: 0.25}", "optim.lr=3.0e-4",
+           "optim.warmup_steps=10", "train.save_every=50"]
 
 
 def ensure_corpus(corpus: Path, max_pages: int | None) -> None:
@@ -148,6 +148,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--corpus-max-pages", type=int, default=None)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--work-dir", type=Path, default=WORK_DIR)
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="a reader folder to start phase 1 from instead of a fresh reader (warm start)")
+    parser.add_argument("--phase1-steps", type=int, default=None, help="default: configs/train/reader.yaml")
+    parser.add_argument("--phase2-steps", type=int, default=150)
     parser.add_argument("--decoders", default="ar,sdb,ppc,block")
     parser.add_argument("--curve-elements", type=int, default=150)
     parser.add_argument("--eval-elements", type=int, default=None, help="held-out elements to evaluate (default all)")
@@ -159,19 +163,28 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work_dir.resolve()
     init_dir, phase1_dir, phase2_dir = work / "init", work / "train", work / "train2"
     ensure_corpus(args.corpus, args.corpus_max_pages)
-    ensure_init(init_dir)
-    phases = [(init_dir, phase1_dir, []), (phase1_dir / "model", phase2_dir, PHASE_2)]
+    if args.init_from is None:
+        ensure_init(init_dir)
+    start = args.init_from.resolve() if args.init_from else init_dir
+    phase1 = [f"train.steps={args.phase1_steps}"] if args.phase1_steps else []
+    phases = [(start, phase1_dir, phase1), (phase1_dir / "model", phase2_dir, [*PHASE_2, f"train.steps={args.phase2_steps}"])]
     from components.training.runtime import ensure_process_env
 
     ensure_process_env()
+    import os
+
+    from models.reader import TOWER_CACHE_ENV
+
+    os.environ.setdefault(TOWER_CACHE_ENV, str(work / "tower_frames.pt"))  # the frozen tower runs once per line
     from components.training.trainer import run_training
 
     sessions_file = work / "sessions.json"
     sessions = json.loads(sessions_file.read_text()) if sessions_file.exists() else []
     configs = []
     for source, output, extra in phases:
+        # --set applies to both phases; phase 2's own recipe (objectives, lr, steps) wins over it
         overrides = [f"model.init_from={source}", f"data.dataset={args.corpus / 'train'}", f"output_dir={output}",
-                     *extra, *args.overrides]
+                     *args.overrides, *extra]
         try:
             config = load_train_config(args.config, overrides)
         except TrainConfigError as exc:
@@ -222,8 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         "data": f"the corpus's train split: {len(train)} pages of {len(documents)} documents from Debian packages "
                 f"{', '.join(sorted({p.meta.get('package') for p in train.iter_pages()}))}, rendered at 144 dpi; "
                 "their text, title and code elements as crops (furniture is layout-only).",
-        "training": f"phase 1 {phase1_steps} steps of {configs[0].active_objectives}, phase 2 {configs[1].train.steps} "
-                    f"steps of {configs[1].active_objectives}; batch {batch} elements, AdamW, DeepSpeed ZeRO-0.",
+        "training": (f"from {'a fresh reader' if args.init_from is None else args.init_from}: phase 1 {phase1_steps} "
+                     f"steps of {configs[0].active_objectives} (lr {configs[0].optim.lr}), phase 2 "
+                     f"{configs[1].train.steps} steps of {configs[1].active_objectives} (lr {configs[1].optim.lr}); "
+                     f"batch {batch} elements, AdamW, cosine, DeepSpeed ZeRO-0."),
         "held_out": f"Every text, title and code element of the held-out documents ({len(held_out)} pages: "
                     "packages freefem-doc, why3-doc-pdf, python-reportlab-doc, shared-mime-info and the "
                     "pre-annotation benchmark's R-intro.pdf), cropped from the ground-truth boxes.",
