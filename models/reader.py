@@ -141,7 +141,7 @@ def find_lines(gray: np.ndarray, ink_threshold: int = INK_THRESHOLD) -> list[tup
     typical = float(np.median([b - a for a, b in split]))
     lines: list[list[int]] = []
     for a, b in split:
-        if b - a >= 0.4 * typical or not split:
+        if b - a >= 0.4 * typical:
             lines.append([a, b])
     if not lines:
         lines = [max(split, key=lambda r: r[1] - r[0])]
