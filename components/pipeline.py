@@ -151,6 +151,9 @@ class EvaluationSection(_Strict):
     # mode: "rapid-layout" (what serving runs) or "ground-truth" (the pages' own boxes: an oracle).
     parse: Literal["auto", "page", "elements"] = "auto"
     layout: Literal["rapid-layout", "ground-truth"] = "rapid-layout"
+    # The Overall's formula term: "cdm" (the leaderboard's; needs ./run setup --cdm), "edit" (the
+    # fallback), or "auto": CDM where pdflatex and Ghostscript are installed.
+    formula_metric: Literal["auto", "cdm", "edit"] = "auto"
     model_name: str = "docmarkup"
     gates: GatesSection = Field(default_factory=GatesSection)
 

@@ -25,6 +25,7 @@ from components.data.page_store import PageDataset
 from components.decoding.types import DecodeParams
 from components.parsing.assembly import element_content, element_markup
 from components.parsing.crops import DEFAULT_CROP, crop_region
+from components.parsing.pieces import generate_in_pieces
 
 TEXT_LIKE = ("text", "title", "code")
 
@@ -98,7 +99,8 @@ def read_store(engine, store: PageDataset, params: DecodeParams, categories: tup
         if not pending:
             return
         started = time.perf_counter()
-        results = engine.generate([item[3] for item in pending], params)
+        results = generate_in_pieces(engine, [item[3] for item in pending], params,
+                                     categories=[item[1] for item in pending])
         seconds += time.perf_counter() - started
         for (page_id, category, truth, _), result in zip(pending, results, strict=True):
             if writes_markup:

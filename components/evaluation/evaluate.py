@@ -20,7 +20,7 @@ from components.data.pages import Page
 from components.data.seeds import seen_seeds, synthetic_seeds
 from components.decoding.engine import DecodingEngine, decode_stats_summary
 from components.decoding.types import DECODERS, DecodeParams, DecodeResult
-from components.metrics import aggregate_scores, score_page
+from components.metrics import aggregate_scores, resolve_formula_metric, score_page
 from components.parsing import ParseSettings, make_layout, read_pages
 
 CATEGORY_METRICS = ("text_edit", "table_teds", "table_teds_s", "formula_edit", "reading_order_edit", "overall")
@@ -41,6 +41,7 @@ class DecoderEvaluation:
     # Kept so that evaluations of disjoint page sets (store shards) merge exactly: see merge_reports.
     page_scores: list = field(default_factory=list, repr=False)
     results: list[DecodeResult] = field(default_factory=list, repr=False)
+    formula_metric: str = "edit"  # the Overall's formula term: "cdm" or the "edit" fallback
 
     @property
     def overall(self) -> float:
@@ -77,6 +78,7 @@ class EvaluationReport:
             "n_pages": self.n_pages,
             "refused_no_truth": self.refused_no_truth,
             "baseline": self.baseline,
+            "formula_metric": next(iter(self.decoders.values())).formula_metric,
             "decoders": {
                 # vars, not asdict: asdict would deep-copy the per-page scores and results only to drop them
                 name: {k: v for k, v in vars(ev).items() if k not in ("pages", "outputs", "texts", "page_scores", "results")}
@@ -103,17 +105,23 @@ class EvaluationReport:
     def table(self) -> str:
         """A fixed-width table for terminals and logs."""
         ratios = self.ratios()
-        header = f"{'decoder':<8} {'overall':>8} {'text_ed':>8} {'TEDS':>6} {'form_ed':>8} {'fwd/page':>9} {'TPF':>6} {'tok/s':>8} {'fwd x':>7} {'tok/s x':>8} {'=AR':>5}"
-        lines = [header, "-" * len(header)]
+        header = f"{'decoder':<8} {'overall':>8} {'text_ed':>8} {'TEDS':>6} {'form_ed':>8} {'CDM':>6} {'fwd/page':>9} {'TPF':>6} {'tok/s':>8} {'fwd x':>7} {'tok/s x':>8} {'=AR':>5}"
+        lines = [f"Overall's formula term: {self.formula_metric_label}", header, "-" * len(header)]
         for name, ev in self.decoders.items():
             s, r = ev.scores, ratios[name]
             lines.append(
                 f"{name:<8} {ev.overall:8.2f} {_fmt(s.get('text_edit')):>8} {_fmt(s.get('table_teds')):>6} "
-                f"{_fmt(s.get('formula_edit')):>8} {ev.speed['forward_passes'] / max(1, self.n_pages):9.1f} "
+                f"{_fmt(s.get('formula_edit')):>8} {_fmt(s.get('formula_cdm')):>6} "
+                f"{ev.speed['forward_passes'] / max(1, self.n_pages):9.1f} "
                 f"{ev.speed['tokens_per_forward']:6.2f} {ev.speed['tokens_per_second']:8.1f} "
                 f"{r['forward_reduction']:7.2f} {r['tps_speedup']:8.2f} {r['same_output_as_ar']:5.2f}"
             )
         return "\n".join(lines)
+
+    @property
+    def formula_metric_label(self) -> str:
+        metric = next(iter(self.decoders.values())).formula_metric
+        return "CDM" if metric == "cdm" else "1 - formula edit distance (fallback: CDM's toolchain not installed)"
 
     def write_json(self, path: str | Path) -> Path:
         path = Path(path)
@@ -186,13 +194,14 @@ def assert_held_out(model_dir: str | Path, dataset: PageDataset) -> None:
 
 def evaluate_decoder(
     engine: DecodingEngine, dataset: PageDataset, params: DecodeParams, pages: Sequence[Page] | None = None,
-    batch_size: int = 1, parsing: ParseSettings | None = None,
+    batch_size: int = 1, parsing: ParseSettings | None = None, formula_metric: str = "auto",
 ) -> DecoderEvaluation:
     """Decode every page and score it against its ground-truth markup.
 
     ``batch_size=1`` gives per-page latency and tokens/s comparable across decoders. With
     ``parsing.mode == "elements"`` each page is parsed in two stages (its elements one batch) and
-    the assembled markup is scored.
+    the assembled markup is scored. ``formula_metric``: the Overall's formula term, "cdm", "edit"
+    or "auto" (CDM where pdflatex is installed).
     """
     pages = list(pages if pages is not None else dataset.pages())
     if not pages:
@@ -205,11 +214,12 @@ def evaluate_decoder(
         results.extend(read_pages(engine, [dataset.load_image(p) for p in chunk], params, parsing, chunk, layout))
     wall = time.perf_counter() - started
     page_scores = [score_page(r.text, p.markup) for p, r in zip(pages, results, strict=True)]
-    return _decoder_evaluation(params.decoder, asdict(params), [p.page_id for p in pages], page_scores, results, wall)
+    return _decoder_evaluation(params.decoder, asdict(params), [p.page_id for p in pages], page_scores, results, wall,
+                               resolve_formula_metric(formula_metric))
 
 
 def _decoder_evaluation(name: str, params: dict, page_ids: Sequence[str], page_scores: list,
-                        results: list[DecodeResult], wall: float) -> DecoderEvaluation:
+                        results: list[DecodeResult], wall: float, formula_metric: str) -> DecoderEvaluation:
     rows = [
         {
             "page_id": page_id,
@@ -221,13 +231,14 @@ def _decoder_evaluation(name: str, params: dict, page_ids: Sequence[str], page_s
         }
         for page_id, r, s in zip(page_ids, results, page_scores, strict=True)
     ]
-    scores = aggregate_scores(page_scores).as_dict() | {"truncated_pages": float(sum(r.truncated for r in results))}
+    scores = aggregate_scores(page_scores, formula_metric).as_dict() | {
+        "truncated_pages": float(sum(r.truncated for r in results))}
     return DecoderEvaluation(
         name=name, params=params, scores=scores,
         speed=decode_stats_summary(results).as_dict(), pages=rows,
         outputs={page_id: r.token_ids for page_id, r in zip(page_ids, results, strict=True)},
         texts={page_id: r.text for page_id, r in zip(page_ids, results, strict=True)}, wall_seconds=wall,
-        page_scores=page_scores, results=results,
+        page_scores=page_scores, results=results, formula_metric=formula_metric,
     )
 
 
@@ -243,7 +254,7 @@ def merge_reports(reports: Sequence[EvaluationReport]) -> EvaluationReport:
         parts = [report.decoders[name] for report in reports]
         decoders[name] = _decoder_evaluation(
             name, first.params, [row["page_id"] for part in parts for row in part.pages], [s for part in parts for s in part.page_scores],
-            [r for part in parts for r in part.results], sum(part.wall_seconds for part in parts))
+            [r for part in parts for r in part.results], sum(part.wall_seconds for part in parts), first.formula_metric)
     return EvaluationReport(n_pages=sum(report.n_pages for report in reports), decoders=decoders,
                             baseline=reports[0].baseline,
                             refused_no_truth=sum(report.refused_no_truth for report in reports))
@@ -252,7 +263,7 @@ def merge_reports(reports: Sequence[EvaluationReport]) -> EvaluationReport:
 def evaluate_decoders(
     engine: DecodingEngine, dataset: PageDataset, decoders: Sequence[DecodeParams] | None = None,
     limit: int | None = None, batch_size: int = 1, pages: Sequence[Page] | None = None,
-    parsing: ParseSettings | None = None,
+    parsing: ParseSettings | None = None, formula_metric: str = "auto",
 ) -> EvaluationReport:
     """Run each decoder on the same pages (``pages``, else the first ``limit`` of the store);
     AR is always included as the baseline."""
@@ -271,7 +282,9 @@ def evaluate_decoders(
             "pre-annotation); pre-annotate or correct them before evaluating")
     if refused:
         print(f"[evaluate] {refused} of {len(offered)} pages of {dataset.root} have no ground truth; left out", flush=True)
-    evaluations = {p.decoder: evaluate_decoder(engine, dataset, p, pages, batch_size, parsing) for p in decoders}
+    formula_metric = resolve_formula_metric(formula_metric)  # once, so every decoder is scored alike
+    evaluations = {p.decoder: evaluate_decoder(engine, dataset, p, pages, batch_size, parsing, formula_metric)
+                   for p in decoders}
     for params in decoders:
         cut = int(evaluations[params.decoder].scores["truncated_pages"])
         if cut:
@@ -297,7 +310,7 @@ def plot_score_vs_speed(report: EvaluationReport, path: str | Path) -> Path:
                          f"TPF {ev.speed['tokens_per_forward']:.2f}")
     ax.margins(x=0.15, y=0.15)
     ax.set_xlabel("tokens / s")
-    ax.set_ylabel("Overall (OmniDocBench v1.5, formula edit fallback)")
+    ax.set_ylabel(f"Overall (OmniDocBench v1.5, formula term: {next(iter(report.decoders.values())).formula_metric})")
     ax.set_title(f"Score vs speed on {report.n_pages} pages")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, fontsize=8, frameon=False)

@@ -1,7 +1,7 @@
 """Score Markdown predictions against an OmniDocBench ground-truth JSON, with the v1.5 definitions.
 
     python -m components.evaluation.omnidocbench --gt OmniDocBench.json --pred-dir DIR
-        [--filter language=english ...] [--out result.json]
+        [--filter language=english ...] [--out result.json] [--formula-metric auto|cdm|edit]
     python -m components.evaluation.omnidocbench --gt OmniDocBench.json --pred-dir DIR --predict \\
         --images DIR [--model DIR] [--decoder ar] [--max-new-tokens 1024]
     python -m components.evaluation.omnidocbench --from-pages PAGES_DIR --gt OUT.json ...
@@ -18,8 +18,10 @@ our models (the shipped base by default) into ``DIR``, keeping predictions alrea
 Prints the official result table — per element (text, display formula, table, reading order:
 edit distance as page average, whole-set and sample average; TEDS and TEDS-S) and per page
 attribute (``data_source``, ``language``, ``layout``, special issues) — and Overall =
-((1 − text edit)·100 + TEDS·100 + (1 − formula edit)·100)/3, the formula term being the edit
-distance fallback since CDM is not run here.
+((1 − text edit)·100 + TEDS·100 + formula)/3, the formula term being CDM·100 (the leaderboard's,
+:mod:`components.metrics.cdm`) where pdflatex and Ghostscript are installed or
+``--formula-metric cdm`` asks for it, else (1 − formula edit)·100, the fallback; the printed
+Overall names which.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from components.metrics.cdm import ToolchainMissing
 from components.metrics.page import (
     PageScores,
     aggregate_scores,
     gt_elements_from_page,
     page_edit,
+    resolve_formula_metric,
     score_page_elements,
 )
 
@@ -53,10 +57,11 @@ class OmniDocBenchResult:
     n_pages: int
     skipped: list[str]
     pages: dict[str, PageScores]
+    formula_metric: str = "edit"  # the Overall's formula term: "cdm" or the "edit" fallback
 
     def as_dict(self) -> dict:
-        return {"overall": self.overall, "n_pages": self.n_pages, "skipped": self.skipped,
-                "elements": self.elements, "attributes": self.attributes}
+        return {"overall": self.overall, "formula_metric": self.formula_metric, "n_pages": self.n_pages,
+                "skipped": self.skipped, "elements": self.elements, "attributes": self.attributes}
 
 
 def load_ground_truth(path: Path, filters: dict[str, str] | None = None) -> list[dict]:
@@ -174,8 +179,10 @@ def _attribute_table(pages: dict[str, PageScores], gt_pages: dict[str, dict]) ->
     }
 
 
-def evaluate(gt_pages: list[dict], pred_dir: Path) -> OmniDocBenchResult:
-    """Score every page that has a prediction; the numbers follow OmniDocBench v1.5."""
+def evaluate(gt_pages: list[dict], pred_dir: Path, formula_metric: str = "edit") -> OmniDocBenchResult:
+    """Score every page that has a prediction; the numbers follow OmniDocBench v1.5 (``formula_metric``:
+    "cdm", "edit" or "auto", the Overall's formula term)."""
+    formula_metric = resolve_formula_metric(formula_metric)
     scored: dict[str, PageScores] = {}
     by_name: dict[str, dict] = {}
     skipped: list[str] = []
@@ -188,10 +195,14 @@ def evaluate(gt_pages: list[dict], pred_dir: Path) -> OmniDocBenchResult:
         scored[name] = score_page_elements(path.read_text(encoding="utf-8", errors="replace"),
                                            gt_elements_from_page(page), page.get("page_info", {}).get("page_attribute"))
         by_name[name] = page
-    dataset = aggregate_scores(scored.values())
+    dataset = aggregate_scores(scored.values(), formula_metric)
     pages = dict(zip(scored, dataset.pages, strict=True))
-    return OmniDocBenchResult(elements=_element_table(pages.values()), attributes=_attribute_table(pages, by_name),
-                              overall=dataset.overall, n_pages=len(pages), skipped=skipped, pages=pages)
+    elements = _element_table(pages.values())
+    if dataset.formula_cdm is not None:
+        elements["display_formula"]["CDM.all"] = dataset.formula_cdm
+    return OmniDocBenchResult(elements=elements, attributes=_attribute_table(pages, by_name),
+                              overall=dataset.overall, n_pages=len(pages), skipped=skipped, pages=pages,
+                              formula_metric=formula_metric)
 
 
 def predict(gt_pages: list[dict], images_dir: Path, pred_dir: Path, model_dir: Path, decoder: str,
@@ -238,7 +249,8 @@ def format_result(result: OmniDocBenchResult) -> str:
         lines.append(f"{label:<32} {fmt(row['text_edit']):>9} {fmt(row['formula_edit']):>9} "
                      f"{fmt(row['table_teds']):>7} {fmt(row['table_teds_s']):>7} {fmt(row['reading_order_edit']):>7}")
     overall = "-" if result.overall is None else f"{result.overall:.2f}"
-    lines.append(f"\nOverall (formula term = 1 - edit distance; CDM not run): {overall}")
+    term = "CDM" if result.formula_metric == "cdm" else "1 - edit distance, the fallback: CDM not run"
+    lines.append(f"\nOverall (formula term = {term}): {overall}")
     if result.skipped:
         lines.append(f"warning: {len(result.skipped)} pages had no prediction and were skipped, e.g. {result.skipped[:3]}")
     return "\n".join(lines)
@@ -256,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decoder", default="ar")
     parser.add_argument("--max-new-tokens", type=int, default=1024)
     parser.add_argument("--from-pages", type=Path, help="write this page folder as the --gt JSON first")
+    parser.add_argument("--formula-metric", choices=("auto", "cdm", "edit"), default="auto",
+                        help="the Overall's formula term: CDM (needs ./run setup --cdm), the edit fallback, "
+                             "or auto (CDM where installed)")
     args = parser.parse_args(argv)
 
     if args.from_pages:
@@ -280,7 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     elif not args.pred_dir.is_dir():
         print(f"error: prediction folder {args.pred_dir} does not exist", file=sys.stderr)
         return 2
-    result = evaluate(gt_pages, args.pred_dir)
+    try:
+        result = evaluate(gt_pages, args.pred_dir, args.formula_metric)
+    except ToolchainMissing as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print(format_result(result))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -75,7 +75,7 @@ def evaluate_shard(cfg: PipelineConfig, model_dir: Path, unit: dict) -> Evaluati
     pages = dataset.unit_pages(unit)
     return evaluate_decoders(DecodingEngine.from_pretrained(model_dir), dataset,
                              decoder_params(cfg, unit.get("max_new_tokens")), pages=pages,
-                             parsing=parse_settings(cfg, model_dir))
+                             parsing=parse_settings(cfg, model_dir), formula_metric=cfg.evaluation.formula_metric)
 
 
 def evaluate_model(cfg: PipelineConfig, model_dir: Path, reports: list[EvaluationReport] | None = None) -> EvaluationReport:
@@ -101,6 +101,7 @@ def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version:
     params = {"model_dir": str(model_dir), "parse": parse_settings(cfg, model_dir).mode,
               "layout": cfg.evaluation.layout, "split": cfg.evaluation.pages_dir or cfg.evaluation.split, "n_pages": report.n_pages,
               "refused_no_truth": report.refused_no_truth,
+              "formula_metric": next(iter(report.decoders.values())).formula_metric,
               **{f"decoder.{name}": ev.params for name, ev in report.decoders.items()},
               **{f"train.{k}": v for k, v in (training or {}).items()}}
     tags = {f"data.{k}": str(v) for k, v in (data_version or {}).items()}
@@ -151,7 +152,8 @@ def baseline_metrics(cfg: PipelineConfig, report: EvaluationReport, decoder: str
     params = [DecodeParams(**report.decoders[decoder].params)]  # exactly the challenger's settings
     baseline = evaluate_decoders(DecodingEngine.from_pretrained(folder), dataset, params,
                                  pages=list(dataset.iter_pages(page_ids=page_ids)),
-                                 parsing=parse_settings(cfg, folder))  # each model read as it was trained
+                                 parsing=parse_settings(cfg, folder),  # each model read as it was trained
+                                 formula_metric=report.decoders[decoder].formula_metric)
     print(f"[evaluate] baseline {label}: {decoder} Overall {baseline.decoders[decoder].overall:.2f} on the same "
           f"{baseline.n_pages} pages", flush=True)
     return label, {key: value for key, value in baseline.flat_metrics().items() if key.startswith(f"{decoder}.")}

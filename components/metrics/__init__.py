@@ -12,6 +12,7 @@ from components.metrics.formula import formula_edit_distance, normalize_formula
 from components.metrics.layout import BoxMatch, box_iou, layout_similarity, match_boxes
 from components.metrics.matching import Element, Match, quick_match
 from components.metrics.page import (
+    FORMULA_METRICS,
     DatasetScores,
     EditSample,
     PageScores,
@@ -19,6 +20,7 @@ from components.metrics.page import (
     gt_elements_from_markup,
     gt_elements_from_page,
     overall_score,
+    resolve_formula_metric,
     score_dataset,
     score_page,
     score_page_elements,
@@ -28,6 +30,7 @@ from components.metrics.text import clean_text, edit_distance, normalize_text, n
 
 __all__ = [
     "CONSISTENCY_KINDS",
+    "FORMULA_METRICS",
     "BoxMatch",
     "DatasetScores",
     "EditSample",
@@ -53,6 +56,7 @@ __all__ = [
     "page_similarity",
     "pairwise_consistency",
     "quick_match",
+    "resolve_formula_metric",
     "score_dataset",
     "score_page",
     "score_page_elements",

@@ -21,8 +21,11 @@ A page is scored as the official ``End2EndDataset`` + ``End2EndEval`` (quick_mat
 - **TEDS** of a page is the mean over its tables.
 
 Dataset values are means over the pages that have the metric (page-level, as v1.5 reports) and
-**Overall** = ((1 − text edit)·100 + TEDS·100 + formula)/3 with formula = CDM·100 when CDM
-scores are given, else (1 − formula edit)·100 — a documented fallback; a missing term counts 0.
+**Overall** = ((1 − text edit)·100 + TEDS·100 + formula)/3 with formula = CDM·100 when the formulas
+are scored with CDM (``formula_metric="cdm"``: the mean CDM F1 over the formula pairs, a pair whose
+ground truth does not render left out, as the official CDM code does), else
+(1 − formula edit)·100 — the documented fallback where pdflatex is missing; a missing term counts 0.
+Which one was used is ``formula_metric`` in every result.
 Definitions follow OmniDocBench at commit 7bd6c2e (mirror ``pichiu/OmniDocBench``).
 """
 
@@ -51,6 +54,7 @@ from components.metrics.table import normalize_table_html, teds_normalized
 from components.metrics.text import clean_text, edit_distance, latex_to_unicode
 
 SCORED_GROUPS = ("text", "table", "formula")
+FORMULA_METRICS = ("cdm", "edit")
 # Every block category our markup can hold, as OmniDocBench's ground-truth category (a fenced code
 # listing is OmniDocBench's ``code_txt``, which it scores in the text group).
 _GT_CATEGORY_OF_BLOCK = {"title": "title", "text": "text_block", "formula": FORMULA_CATEGORY, "table": TABLE_CATEGORY,
@@ -308,6 +312,9 @@ class DatasetScores:
     gt_counts: dict[str, int] = field(default_factory=dict)
     pred_counts: dict[str, int] = field(default_factory=dict)
     pages: list[PageScores] = field(default_factory=list, repr=False)
+    formula_metric: str = "edit"  # the Overall's formula term: "cdm" or the "edit" fallback
+    formula_cdm: float | None = None
+    overall_formula_edit: float | None = None  # the Overall with the edit fallback, whatever formula_metric is
 
     def as_dict(self) -> dict[str, float]:
         """Flat float metrics for MLflow; metrics that are None are left out (MLflow cannot log None)."""
@@ -315,7 +322,8 @@ class DatasetScores:
             "text_edit": self.text_edit, "table_teds": self.table_teds, "table_teds_s": self.table_teds_s,
             "table_edit": self.table_edit, "formula_edit": self.formula_edit,
             "reading_order_edit": self.reading_order_edit, "overall": self.overall,
-            "overall_present": self.overall_present,
+            "overall_present": self.overall_present, "formula_cdm": self.formula_cdm,
+            "overall_formula_edit": self.overall_formula_edit,
         }
         flat = {name: float(value) for name, value in metrics.items() if value is not None}
         flat["n_pages"] = float(self.n_pages)
@@ -324,6 +332,7 @@ class DatasetScores:
         flat["n_pages_with_reading_order"] = float(self.n_pages_with_reading_order)
         flat["n_tables"] = float(self.n_tables)
         flat["n_formula_pairs"] = float(self.n_formula_pairs)
+        flat["formula_metric_cdm"] = float(self.formula_metric == "cdm")
         for group in SCORED_GROUPS:
             flat[f"n_gt_{group}"] = float(self.gt_counts.get(group, 0))
             flat[f"n_pred_{group}"] = float(self.pred_counts.get(group, 0))
@@ -335,8 +344,20 @@ def _mean(values: list[float | None]) -> float | None:
     return float(np.mean(present)) if present else None
 
 
-def aggregate_scores(pages: Iterable[PageScores]) -> DatasetScores:
-    """Combine page scores the v1.5 way: each metric per page first, then the mean over pages."""
+def formula_cdm(pages: Iterable[PageScores]) -> float | None:
+    """Mean CDM F1 over the pages' formula pairs (None when none has a ground truth that renders)."""
+    from components.metrics.cdm import cdm_scores  # needs pdflatex: imported only when asked for
+
+    pairs = [(sample.gt, sample.pred) for page in pages for sample in page.formula_samples]
+    scores = [score for score in cdm_scores(pairs) if score is not None] if pairs else []
+    return float(np.mean(scores)) if scores else None
+
+
+def aggregate_scores(pages: Iterable[PageScores], formula_metric: str = "edit") -> DatasetScores:
+    """Combine page scores the v1.5 way: each metric per page first, then the mean over pages.
+    ``formula_metric``: "cdm" (the leaderboard's, needs pdflatex) or "edit" (the fallback)."""
+    if formula_metric not in FORMULA_METRICS:
+        raise ValueError(f"formula_metric must be one of {FORMULA_METRICS}, not {formula_metric!r}")
     pages = list(pages)
     any_text = any(p.text_samples for p in pages)
     # Re-derive each page under the dataset's rule for formulas scored as text.
@@ -346,9 +367,10 @@ def aggregate_scores(pages: Iterable[PageScores]) -> DatasetScores:
     text_edit = _mean([p.text_edit for p in rescored])
     teds = _mean([p.table_teds for p in rescored])
     formula_edit = _mean([p.formula_edit for p in rescored])
+    cdm = formula_cdm(rescored) if formula_metric == "cdm" else None
+    formula_term = cdm * 100.0 if cdm is not None else (1.0 - formula_edit) * 100.0 if formula_edit is not None else None
     terms = [term for term in ((1.0 - text_edit) * 100.0 if text_edit is not None else None,
-                               teds * 100.0 if teds is not None else None,
-                               (1.0 - formula_edit) * 100.0 if formula_edit is not None else None) if term is not None]
+                               teds * 100.0 if teds is not None else None, formula_term) if term is not None]
     return DatasetScores(
         n_pages=len(pages),
         text_edit=text_edit,
@@ -356,7 +378,7 @@ def aggregate_scores(pages: Iterable[PageScores]) -> DatasetScores:
         table_teds_s=_mean([p.table_teds_s for p in rescored]),
         formula_edit=formula_edit,
         reading_order_edit=_mean([p.reading_order_edit for p in rescored]),
-        overall=overall_score(text_edit, teds, formula_edit) if pages else None,
+        overall=overall_score(text_edit, teds, formula_edit, cdm) if pages else None,
         table_edit=_mean([page_edit(t.edit for t in p.table_samples) for p in rescored]),
         overall_present=float(np.mean(terms)) if terms else None,
         overall_terms=len(terms),
@@ -367,9 +389,23 @@ def aggregate_scores(pages: Iterable[PageScores]) -> DatasetScores:
         gt_counts={g: sum(p.gt_counts.get(g, 0) for p in pages) for g in SCORED_GROUPS},
         pred_counts={g: sum(p.pred_counts.get(g, 0) for p in pages) for g in SCORED_GROUPS},
         pages=rescored,
+        formula_metric=formula_metric,
+        formula_cdm=cdm,
+        overall_formula_edit=overall_score(text_edit, teds, formula_edit) if pages else None,
     )
 
 
-def score_dataset(pairs: Iterable[tuple[str, str]]) -> DatasetScores:
+def score_dataset(pairs: Iterable[tuple[str, str]], formula_metric: str = "edit") -> DatasetScores:
     """Score ``(pred_markdown, gt_markup)`` pairs and aggregate them (see ``aggregate_scores``)."""
-    return aggregate_scores(score_page(pred, gt) for pred, gt in pairs)
+    return aggregate_scores((score_page(pred, gt) for pred, gt in pairs), formula_metric)
+
+
+def resolve_formula_metric(choice: str) -> str:
+    """``auto``: CDM where pdflatex and Ghostscript are installed, else the edit fallback."""
+    if choice == "auto":
+        from components.metrics.cdm import cdm_available
+
+        return "cdm" if cdm_available() else "edit"
+    if choice not in FORMULA_METRICS:
+        raise ValueError(f"formula metric must be auto, cdm or edit, not {choice!r}")
+    return choice

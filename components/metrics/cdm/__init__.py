@@ -2,7 +2,7 @@
 
 "Image Over Text: Transforming Formula Recognition Evaluation with Character Detection Matching"
 (official code: UniMERNet ``cdm/``, which OmniDocBench calls for its formula term). Both formulas
-are rendered with one colour per token (:mod:`.latex`, :mod:`.render`), every token's box is read
+are rendered with one colour per token (:mod:`.latex`, :mod:`.rendering`), every token's box is read
 back from its colour, and the boxes are matched by identity, position and order, then checked
 for one consistent shift-and-scale (:mod:`.matching`). The score is the F1 of matched tokens, so
 LaTeX spelled differently that renders the same scores 1.
@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from components.metrics.cdm.matching import f1
-from components.metrics.cdm.render import Rendering, ToolchainMissing, render, toolchain_present
+from components.metrics.cdm.rendering import Rendering, ToolchainMissing, render, toolchain_present
 from components.services.process import VAR_DIR
 
 __all__ = ["ToolchainMissing", "cdm_available", "cdm_score", "cdm_scores"]

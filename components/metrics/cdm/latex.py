@@ -287,7 +287,7 @@ class _Parser:
         if out[-1] == "\\\\":  # the official post-pass drops the last row's break
             out.pop()
         out.append("\\end{array}")
-        if name in MATRICES and MATRICES[name]:
+        if MATRICES.get(name):
             left, right = MATRICES[name]
             out = ["\\left" + left, *out, "\\right" + right]
         elif name == "cases":
@@ -404,6 +404,11 @@ def normalize(tokenized: str) -> str:
     return " ".join(_fill_braces(text.split(" ")))
 
 
+def _braced_at(tokens: list[str], k: int) -> list[str]:
+    """The token at ``k`` made a group of its own."""
+    return [*tokens[:k], "{", tokens[k], "}", *tokens[k + 1:]]
+
+
 def _fill_braces(tokens: list[str]) -> list[str]:
     """Braces the official code adds so that every command's argument is a group."""
     i = 0
@@ -425,17 +430,17 @@ def _fill_braces(tokens: list[str]) -> list[str]:
                 tokens = head + tokens[j + 1:end] + ["}"] * (j - i) + tokens[end + 1:]
         elif token in SQRT_LIKE:
             if tokens[i + 1] not in ("[", "{"):
-                tokens = tokens[:i + 1] + ["{", tokens[i + 1], "}"] + tokens[i + 2:]
+                tokens = _braced_at(tokens, i + 1)
             else:
                 end = matching_brace(tokens, i + 1, ("[", "]")) if tokens[i + 1] == "[" else i
                 if tokens[end + 1] != "{":
-                    tokens = tokens[:end + 1] + ["{", tokens[end + 1], "}"] + tokens[end + 2:]
+                    tokens = _braced_at(tokens, end + 1)
         elif token in TWO_TAIL + INVISIBLE_TWO_TAIL:
             if tokens[i + 1] != "{":
-                tokens = tokens[:i + 1] + ["{", tokens[i + 1], "}"] + tokens[i + 2:]
+                tokens = _braced_at(tokens, i + 1)
             end = matching_brace(tokens, i + 1)
             if tokens[end + 1] != "{":
-                tokens = tokens[:end + 1] + ["{", tokens[end + 1], "}"] + tokens[end + 2:]
+                tokens = _braced_at(tokens, end + 1)
         i += 1
     return tokens
 
