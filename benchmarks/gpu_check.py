@@ -12,7 +12,8 @@ error and the others still run, so a short device slot always brings back what i
   forward at Q = 1/5/17/33), host syncs per step, peak memory;
 - ``shipped``: the shipped models (the base on synthetic pages, the reader on real element crops): SDB = AR
   token for token, batch 8 = batch 1, AR/SDB/PPC/block
-  tokens/s and tokens per forward;
+  tokens/s and tokens per forward; the engine's GPU switches (CUDA graphs, ``torch.compile`` of the
+  fixed-shape step) token for token against the default step, and their tokens/s;
 - ``triton``: Triton with ``device: cuda`` (``KIND_GPU`` instances) serving the shipped base, unary and
   streaming requests through ``tritonclient``: latency and its overhead over the bare engine on the
   same pages;
@@ -93,8 +94,41 @@ def shipped_part(device: str, pages: int, max_new_tokens: int, out: Path) -> dic
                 reference = [r.token_ids for r in single]
             elif decoder == "sdb":
                 rows[decoder]["equals_ar"] = [r.token_ids for r in single] == reference
+        rows["switches"] = _switch_rows(folder, device, images, max_new_tokens, reference)
         report[folder.name] = rows
     return report
+
+
+def _switch_rows(folder: Path, device: str, images: list, max_new_tokens: int, reference: list) -> dict:
+    """The engine's GPU switches on the same images, batch 1: CUDA graphs and torch.compile on CUDA
+    (the fixed-shape step alone on the CPU, where graphs do not exist): AR token for token against
+    the default step, and tokens/s."""
+    from components.decoding.engine import DecodingEngine
+    from components.decoding.types import DecodeParams
+
+    switches = ({"cuda_graphs": {"cuda_graphs": True}, "compiled": {"compile_step": True}}
+                if device.startswith("cuda") else {"fixed_shapes": {"fixed_shapes": True}})
+    rows = {}
+    for name, flags in switches.items():
+        try:
+            engine = DecodingEngine.from_pretrained(folder, device=device, **flags)
+            for decoder in ("ar", "sdb"):
+                params = DecodeParams(decoder=decoder, max_new_tokens=max_new_tokens)
+                engine.generate(images[:1], params)  # capture / compile
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                started = time.perf_counter()
+                results = [engine.generate([image], params)[0] for image in images]
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                seconds = time.perf_counter() - started
+                rows[f"{name}.{decoder}"] = {
+                    "tokens_per_second": sum(r.stats.new_tokens for r in results) / seconds,
+                    "equals_default_ar": [r.token_ids for r in results] == reference,
+                    "captures": getattr(engine._fixed_step, "captures", 0)}
+        except Exception as error:  # a switch that fails on this device is reported, the rest still run
+            rows[name] = {"error": f"{type(error).__name__}: {error}"}
+    return rows
 
 
 def triton_part(device: str, pages: int, max_new_tokens: int, out: Path) -> dict:
@@ -186,7 +220,11 @@ def table(results: dict) -> str:
             cells = "; ".join(f"{model}: " + ", ".join(
                 f"{d} {r['tokens_per_second']:.0f} tok/s TPF {r['tokens_per_forward']:.2f}"
                 + (" =AR" if r.get("equals_ar") else " ≠AR" if "equals_ar" in r else "")
-                + ("" if r["batch8_equals_batch1"] else " b8≠b1") for d, r in rows.items()) for model, rows in report.items())
+                + ("" if r["batch8_equals_batch1"] else " b8≠b1") for d, r in rows.items() if d != "switches")
+                + "; " + ", ".join(r["error"][:80] if "error" in r else
+                                   f"{name} {r['tokens_per_second']:.0f} tok/s{' =AR' if r['equals_default_ar'] else ' ≠AR'}"
+                                   for name, r in rows.get("switches", {}).items())
+                for model, rows in report.items())
         elif part == "triton":
             cells = (f"unary {report['unary_s'] * 1000:.0f} ms vs engine {report['bare_engine_s'] * 1000:.0f} ms "
                      f"(overhead {report['unary_overhead']:+.0%}), stream {report['streamed_s'] * 1000:.0f} ms")

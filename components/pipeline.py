@@ -173,6 +173,9 @@ class DeploySection(_Strict):
     instance_count: int = Field(1, ge=1)
     max_batch_size: int = Field(8, ge=0)
     torch_threads: int = Field(1, ge=0)
+    # The engine's decode step: "default", "fixed_shapes", "compile" (torch.compile), "cuda_graphs"
+    # (device cuda only), "cuda_graphs_compiled" — components/decoding/fixed_step.py.
+    engine_step: Literal["default", "fixed_shapes", "compile", "cuda_graphs", "cuda_graphs_compiled"] = "default"
 
 
 class MonitoringSection(_Strict):

@@ -41,6 +41,7 @@ def repository_options(cfg: PipelineConfig) -> dict:
     section = cfg.deploy
     return {"device": section.device, "instance_count": section.instance_count,
             "max_batch_size": section.max_batch_size, "torch_threads": section.torch_threads,
+            "engine_step": section.engine_step,
             "request_log_max_image_mb": cfg.monitoring.max_image_mb,
             "request_log_retention_days": cfg.monitoring.image_retention_days}
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,11 +58,16 @@ MODEL_TYPE = "docmarkup_reader"
 INK_THRESHOLD = 170  # a pixel darker than this is ink
 LINE_MARGIN = 3  # pixels kept around a line's ink
 MAX_BYTES = 4  # UTF-8 bytes of one character
-FIRST_CHARACTER_SLOT = 2
+FIRST_CHARACTER_SLOT = 2  # slot 0 is the start, slot 1 the first line's separator
 MAX_CACHED_LINES = 200_000
 TOWER_CACHE_ENV = "DOCMARKUP_READER_TOWER_CACHE"  # a file keeping the tower's frames of training lines
 CACHE_SAVE_EVERY = 4000  # new lines between saves of that file
-SLOTS_BOUND = 6  # CTC columns one character takes at most (measured ~2.4 on 144-dpi pages)  # slot 0 is the start, slot 1 the first line's separator
+RULE_COVER = 0.9  # a column inked over this share of a crop's rows is a vertical rule
+MIN_RULED_HEIGHT = 48  # crop rows from which such a column can be a rule (a 144-dpi text line is ~20)
+SLOTS_BOUND = 6  # CTC columns one character takes at most (measured ~2.4 on 144-dpi pages)
+COLUMNS_PER_CHARACTER = 2.0  # fewer than measured, so that a piece's slots are over-estimated
+PIECE_FILL = 0.75  # a reading piece's estimated slots, as a share of the training prefix budget
+OUTPUT_SLACK, OUTPUT_MARGIN = 4, 16  # tokens written at most: slots + slots / 4 + 16 (one per slot when read right)
 
 
 @strict
@@ -114,8 +120,12 @@ def find_lines(gray: np.ndarray, ink_threshold: int = INK_THRESHOLD) -> list[tup
 
     Runs of inked rows are lines; a run much taller than the typical line (touching
     descenders and ascenders) is cut at its least-inked row; slivers (a rule, an accent alone) join
-    the nearest line when close to it and are dropped otherwise."""
+    the nearest line when close to it and are dropped otherwise. In a crop taller than a line, a
+    column inked over nearly its whole height is a rule (code listings' line-number bar, a frame)
+    and is not ink: it would join every line into one."""
     ink = gray < ink_threshold
+    if gray.shape[0] >= MIN_RULED_HEIGHT:
+        ink &= ~(ink.mean(axis=0) >= RULE_COVER)
     rows = ink.sum(axis=1)
     runs: list[list[int]] = []
     start = None
@@ -155,6 +165,26 @@ def find_lines(gray: np.ndarray, ink_threshold: int = INK_THRESHOLD) -> list[tup
         columns = np.flatnonzero(ink[a:b].any(axis=0))
         boxes.append((int(columns[0]), a, int(columns[-1]) + 1, b))
     return boxes
+
+
+def line_groups(gray: np.ndarray, max_slots: float) -> list[tuple[int, int]]:
+    """Rows (top, bottom) cutting a crop into runs of whole lines whose estimated prefix slots stay
+    within ``max_slots`` (a line of width w at height h fills about w·48/h / stride / columns-per-character
+    slots); one run covering the crop when it fits whole. Cuts fall midway between two lines."""
+    boxes = find_lines(gray)
+    groups: list[list[tuple[int, int, int, int]]] = [[]]
+    filled = 0.0
+    for box in boxes:
+        scale = LINE_HEIGHT / max(1, box[3] - box[1] + 2 * LINE_MARGIN)
+        slots = (box[2] - box[0]) * scale / COLUMN_STRIDE / COLUMNS_PER_CHARACTER + 1
+        if groups[-1] and filled + slots > max_slots:
+            groups.append([])
+            filled = 0.0
+        groups[-1].append(box)
+        filled += slots
+    cuts = [(previous[-1][3] + following[0][1]) // 2 for previous, following in itertools.pairwise(groups)]
+    edges = [0, *cuts, gray.shape[0]]
+    return list(itertools.pairwise(edges))
 
 
 def line_pixels(gray: np.ndarray, box: tuple[int, int, int, int], max_width: int) -> np.ndarray:
@@ -358,6 +388,16 @@ class ReaderForConditionalGeneration(PreTrainedModel):
     def preprocess(self, images: list[Image.Image]) -> ReaderInputs:
         return self.cpu_preprocessor()(images).to(self.device)
 
+    def reading_pieces(self, image: Image.Image) -> list[Image.Image]:
+        """The crop as the pieces this reader reads well: runs of whole lines no longer than the
+        prefixes it was trained on (a long element read whole loops or drifts past that length).
+        Callers read the pieces and join their texts (see :mod:`components.parsing.pieces`)."""
+        fill = PIECE_FILL * self.config.max_train_slots
+        rows = line_groups(np.asarray(image.convert("L")), fill)
+        if len(rows) == 1:
+            return [image]
+        return [image.crop((0, top, image.width, bottom)) for top, bottom in rows]
+
     @property
     def writes_markup(self) -> bool:
         return bool(self.config.writes_markup)
@@ -490,6 +530,8 @@ class ReaderForConditionalGeneration(PreTrainedModel):
         out = self.language_model(inputs_embeds=embeds, position_ids=positions, attention_mask=mask, cache=cache,
                                   use_cache=True)
         cache.prefix_valid = prefix.valid
+        slots = prefix.valid.sum(1)
+        cache.output_budget = (slots + slots // OUTPUT_SLACK + OUTPUT_MARGIN).tolist()
         return out.logits[:, n_prefix:], cache
 
     def static_decoder(self) -> StaticQwen2Decoder | None:

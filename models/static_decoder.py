@@ -160,9 +160,34 @@ class StaticQwen2Decoder:
 
         ``attention_mask`` is (B, 1, Q, kv.length + Q) bool, True = attend.
         """
-        batch, q_len = input_ids.shape
+        q_len = input_ids.shape[1]
         kv.reserve(q_len)
         start, end = kv.length, kv.length + q_len
+
+        def store(buffer: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+            buffer[:, :, start:end] = new
+            return buffer[:, :, :end]
+
+        logits = self._decode(input_ids, position_ids, attention_mask, kv, store, logits_from)
+        kv.length = end
+        return logits
+
+    def forward_fixed(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      kv: StaticKV, write_index: torch.Tensor, logits_from: int = 0) -> torch.Tensor:
+        """The same step with shapes and addresses that do not change from step to step, so it can be
+        captured in a CUDA graph or compiled once: K/V are written at ``write_index`` (a (Q,) device
+        tensor, not a Python slice) and every query attends over the whole capacity under
+        ``attention_mask`` (B, 1, Q, capacity). ``kv.length`` is the caller's to advance."""
+
+        def store(buffer: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+            return buffer.index_copy_(2, write_index, new)
+
+        return self._decode(input_ids, position_ids, attention_mask, kv, store, logits_from)
+
+    def _decode(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                kv: StaticKV, store, logits_from: int) -> torch.Tensor:
+        """The layers: ``store(buffer, new)`` writes a layer's new K or V and returns the keys to attend."""
+        batch, q_len = input_ids.shape
         hidden = F.embedding(input_ids, self.embed)
         cos, sin = self._rotary(position_ids, hidden.dtype)
         for index, layer in enumerate(self.layers):
@@ -173,14 +198,13 @@ class StaticQwen2Decoder:
             v = F.linear(x, layer.v_weight, layer.v_bias).view(batch, q_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            kv.keys[index][:, :, start:end] = k
-            kv.values[index][:, :, start:end] = v
-            attended = self._attend(q, kv.keys[index][:, :, :end], kv.values[index][:, :, :end], attention_mask)
+            keys = store(kv.keys[index], k)
+            values = store(kv.values[index], v)
+            attended = self._attend(q, keys, values, attention_mask)
             hidden = residual + F.linear(attended.transpose(1, 2).reshape(batch, q_len, -1), layer.o_weight)
             residual = hidden
             x = _rms_norm(hidden, layer.post_norm, self.eps)
             hidden = residual + F.linear(F.silu(F.linear(x, layer.gate_weight)) * F.linear(x, layer.up_weight),
                                          layer.down_weight)
-        kv.length = end
         hidden = _rms_norm(hidden[:, logits_from:], self.final_norm, self.eps)
         return F.linear(hidden, self.lm_head)

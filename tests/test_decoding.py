@@ -266,6 +266,40 @@ def test_static_kv_cache_gives_the_dynamic_caches_tokens(base_engine, decoder):
         assert len({tuple(r.stats.accepted_lengths) for r in fast}) > 1
 
 
+@pytest.mark.parametrize("decoder", ["ar", "sdb", "block", "ppc"])
+def test_the_fixed_shape_step_decodes_what_the_default_step_decodes(base_engine, decoder):
+    """The GPU step (K/V written at a device index, attention over the whole capacity: what CUDA
+    graphs and torch.compile need) is the same function: same tokens, batched rows with holes."""
+    pages = [generate_page(seed)[1] for seed in range(3)]
+    params = DecodeParams(decoder=decoder, window=5, max_new_tokens=40)
+    fixed = DecodingEngine(base_engine.model, base_engine.tokenizer, fixed_shapes=True)
+    reference = base_engine.generate(pages, params)
+    results = fixed.generate(pages, params)
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+    for row, expected in zip(results, reference, strict=True):
+        assert row.confidences == pytest.approx(expected.confidences, abs=1e-5)
+    assert fixed._fixed_step is not None  # it really ran the fixed-shape step
+
+
+def test_the_fixed_shape_step_compiles_as_one_graph(base_engine):
+    """torch.compile(fullgraph=True) fails on any graph break; the eager backend checks that
+    without generating code (which the GPU check does for real)."""
+    from components.decoding.fixed_step import FixedShapeStep
+
+    engine = DecodingEngine(base_engine.model, base_engine.tokenizer, fixed_shapes=True)
+    lean = base_engine.model.static_decoder()
+    engine._fixed_step = FixedShapeStep(lean)
+    engine._fixed_step.function = torch.compile(lean.forward_fixed, fullgraph=True, dynamic=False, backend="eager")
+    page = [generate_page(3)[1]]
+    params = DecodeParams(decoder="ar", max_new_tokens=12)
+    assert engine.generate(page, params)[0].token_ids == base_engine.generate(page, params)[0].token_ids
+
+
+def test_cuda_graphs_are_refused_for_a_model_on_the_cpu(base_engine):
+    with pytest.raises(ValueError, match="CUDA"):
+        DecodingEngine(base_engine.model, base_engine.tokenizer, cuda_graphs=True)
+
+
 def test_static_decoder_logits_equal_the_transformers_forward(chaotic_engine):
     from models.static_decoder import StaticKV
 

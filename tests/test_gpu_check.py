@@ -17,7 +17,9 @@ def test_gpu_check_smoke_runs_every_part_and_writes_one_report(tmp_path):
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert set(report["parts"]) == set(PARTS) and all("report" in part for part in report["parts"].values())
     shipped = report["parts"]["shipped"]["report"]["docmarkup-base"]
+    switches = shipped.pop("switches")
     assert shipped["sdb"]["equals_ar"] and all(row["batch8_equals_batch1"] for row in shipped.values())
+    assert switches and all(row["equals_default_ar"] for row in switches.values())  # the fixed-shape step on CPU
     assert report["parts"]["triton"]["report"]["stream_equals_unary"] == 1
     assert report["parts"]["decoding"]["report"]["generate_equals_ar_pages"] == 1
     assert "| triton |" in (tmp_path / "gpu_check.md").read_text()

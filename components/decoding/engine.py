@@ -29,6 +29,7 @@ from components.data.pages import validate_image
 from components.decoding import masks
 from components.decoding.ar import AutoregressiveStrategy
 from components.decoding.block_diffusion import BlockDiffusionStrategy
+from components.decoding.fixed_step import FixedShapeStep
 from components.decoding.ppc import PrefixCommitmentStrategy
 from components.decoding.sampling import choose_rows
 from components.decoding.sdb import SlidingDiffusionBlockStrategy
@@ -62,19 +63,38 @@ def special_ids_of(tokenizer: PreTrainedTokenizerFast) -> SpecialIds:
 class DecodingEngine:
     """Decode page images to markup with any strategy; stream commits as they happen."""
 
-    def __init__(self, model: MarkupLM, tokenizer: PreTrainedTokenizerFast, static_cache: bool = True):
+    def __init__(self, model: MarkupLM, tokenizer: PreTrainedTokenizerFast, static_cache: bool = True,
+                 fixed_shapes: bool = False, cuda_graphs: bool = False, compile_step: bool = False):
+        """``static_cache``: the lean decoder over preallocated K/V where the model has one.
+        ``fixed_shapes``: its step with fixed shapes (:mod:`components.decoding.fixed_step`);
+        ``cuda_graphs`` (CUDA only) and ``compile_step`` (``torch.compile``) imply it."""
         self.model = model
         self.tokenizer = tokenizer
         self.ids = special_ids_of(tokenizer)
         self.static_cache = static_cache
+        if cuda_graphs and getattr(getattr(model, "device", None), "type", "cpu") != "cuda":
+            raise ValueError("cuda_graphs needs the model on a CUDA device")
+        self.cuda_graphs, self.compile_step = cuda_graphs, compile_step
+        self.fixed_shapes = fixed_shapes or cuda_graphs or compile_step
+        self._fixed_step: FixedShapeStep | None = None
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "cpu", static_cache: bool = True,
-                        prompt: str | None = None) -> DecodingEngine:
+                        prompt: str | None = None, **switches: bool) -> DecodingEngine:
+        """``switches``: ``fixed_shapes``, ``cuda_graphs``, ``compile_step`` (see ``__init__``)."""
         from models.loading import load_markup_model
 
         model, tokenizer = load_markup_model(path, device=device, prompt=prompt)
-        return cls(model, tokenizer, static_cache=static_cache)
+        return cls(model, tokenizer, static_cache=static_cache, **switches)
+
+    def fixed_step(self, lean) -> FixedShapeStep | None:
+        """The engine's fixed-shape step (kept across calls, so compiled code and captured graphs are
+        reused); None unless a fixed-shape switch is on."""
+        if not self.fixed_shapes:
+            return None
+        if self._fixed_step is None:
+            self._fixed_step = FixedShapeStep(lean, cuda_graphs=self.cuda_graphs, compile_step=self.compile_step)
+        return self._fixed_step
 
     @property
     def max_positions(self) -> int:
@@ -161,18 +181,21 @@ class DecodingEngine:
         self.check_params(params, n_prefix)
         # Leave room for the widest forward (stored block + speculative segment) below the position limit.
         budget = min(params.max_new_tokens, self.max_positions - n_prefix - 2 * strategy.spec_length - 1)
+        # A model whose prefix bounds what it can write (the reader: about one token per slot) says so in
+        # ``cache.output_budget``; a row that runs away then stops there instead of at max_new_tokens.
+        row_budgets = [int(b) for b in getattr(cache, "output_budget", [budget] * len(images))]
         for i in range(len(images)):
             generator = None
             if params.seed is not None:
                 generator = torch.Generator(device="cpu").manual_seed(params.seed + i)
-            rows[i] = RowState(row=i, tokens=[self.ids.bos], budget=budget, generator=generator)
+            rows[i] = RowState(row=i, tokens=[self.ids.bos], budget=min(budget, row_budgets[i]), generator=generator)
             strategy.start(rows[i])
         active = [rows[i] for i in range(len(images))]
         lean = self.model.static_decoder() if self.static_cache and hasattr(self.model, "static_decoder") else None
         if lean is not None:
             slots: StaticSlots | DynamicSlots = StaticSlots(
                 lean, StaticKV.from_cache(cache, n_prefix + 2 * (budget + 2 * strategy.spec_length)), n_prefix,
-                prefix_validity(cache, len(images), n_prefix, device))
+                prefix_validity(cache, len(images), n_prefix, device), self.fixed_step(lean))
         else:
             slots = DynamicSlots(self.model, cache, len(images), n_prefix)
 
@@ -294,8 +317,9 @@ class DynamicSlots:
 class StaticSlots:
     """A ``StaticKV`` and a preallocated validity map: dropping slots moves ``length`` back, nothing else."""
 
-    def __init__(self, lean, kv: StaticKV, n_prefix: int, prefix_valid: torch.Tensor):
-        self.lean, self.kv = lean, kv
+    def __init__(self, lean, kv: StaticKV, n_prefix: int, prefix_valid: torch.Tensor,
+                 fixed_step: FixedShapeStep | None = None):
+        self.lean, self.kv, self.fixed_step = lean, kv, fixed_step
         self.start = kv.length  # first slot of the latest forward
         self.valid = torch.zeros(kv.keys[0].shape[0], kv.capacity, dtype=torch.bool, device=kv.keys[0].device)
         self.valid[:, :n_prefix] = prefix_valid
@@ -306,7 +330,10 @@ class StaticSlots:
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention: torch.Tensor,
                 logits_from: int) -> torch.Tensor:
         self.start = self.kv.length
-        logits = self.lean.forward(input_ids, position_ids, attention, self.kv, logits_from=logits_from)
+        if self.fixed_step is not None:
+            logits = self.fixed_step(input_ids, position_ids, attention, self.kv, logits_from)
+        else:
+            logits = self.lean.forward(input_ids, position_ids, attention, self.kv, logits_from=logits_from)
         if self.kv.capacity > self.valid.shape[1]:  # the KV buffers grew
             grown = self.valid.new_zeros(self.valid.shape[0], self.kv.capacity)
             grown[:, : self.valid.shape[1]] = self.valid

@@ -23,6 +23,7 @@ from components.parsing.assembly import assemble, element_markup, order_elements
 from components.parsing.crops import DEFAULT_CROP, CropSettings, crop_region
 from components.parsing.layout import LAYOUTS, Layout, LayoutRegion, make_layout
 from components.parsing.layout.region import Box
+from components.parsing.pieces import generate_in_pieces
 from components.parsing.prompts import style_for_model, task_prompt
 
 logger = logging.getLogger(__name__)
@@ -180,19 +181,19 @@ def parse(image: Image.Image, engine, layout: Layout, params: DecodeParams | Non
 
 
 def _decode(engine, jobs, params: DecodeParams, style: str) -> list[DecodeResult | Exception]:
-    """All crops in one batch; if the batch fails, each crop alone, so one bad element is reported
-    on its own and the others still come back."""
+    """All crops in one batch (each as its model's reading pieces); if the batch fails, each crop
+    alone, so one bad element is reported on its own and the others still come back."""
     crops = [image for _, image, _ in jobs]
     prompts = [prompt for _, _, prompt in jobs] if style != "none" else None
+    categories = [recognition_category(element.category) for element, _, _ in jobs]
     try:
-        return engine.generate(crops, params, prompts=prompts) if prompts else engine.generate(crops, params)
+        return generate_in_pieces(engine, crops, params, prompts, categories)
     except Exception as batch_error:
         logger.warning("element batch failed (%s); decoding its %d elements one by one", batch_error, len(crops))
     outcomes: list[DecodeResult | Exception] = []
     for i, crop in enumerate(crops):
         try:
-            [result] = (engine.generate([crop], params, prompts=[prompts[i]]) if prompts
-                        else engine.generate([crop], params))
+            [result] = generate_in_pieces(engine, [crop], params, [prompts[i]] if prompts else None, [categories[i]])
             outcomes.append(result)
         except Exception as error:
             outcomes.append(error)

@@ -27,6 +27,7 @@ import triton_python_backend_utils as pb_utils
 
 from components.data.pages import InvalidPageError
 from components.decoding.engine import DecodingEngine
+from components.decoding.fixed_step import STEP_SWITCHES
 from components.decoding.types import CommitEvent, DecodeParams, DecodeResult, DecodeStats
 from components.parsing import PageParse, ParseSettings, make_layout, read_pages, resolve_parse
 from deploy.triton import protocol
@@ -84,7 +85,8 @@ class TritonPythonModel:
             cache_dir=Path(parameters["model_cache_dir"]) if parameters.get("model_cache_dir") else None,
         )
         self.model_info = resolved.describe()
-        self.engine = DecodingEngine.from_pretrained(resolved.path, device=instance_device(parameters.get("device"), args))
+        self.engine = DecodingEngine.from_pretrained(resolved.path, device=instance_device(parameters.get("device"), args),
+                                                     **STEP_SWITCHES[parameters.get("engine_step") or "default"])
         self.default_parse = resolve_parse(parameters.get("default_parse") or "auto", resolved.path)
         self.metrics = BackendMetrics(pb_utils, self.model_name,
                                       model_version=str(resolved.version) if resolved.version else "local")

@@ -14,6 +14,8 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+from components.decoding.fixed_step import STEP_SWITCHES
+
 TEMPLATE_REPOSITORY = Path(__file__).resolve().parent / "model_repository"
 MODEL_NAME = "docmarkup"
 STREAM_MODEL_NAME = "docmarkup_stream"
@@ -100,6 +102,7 @@ def materialize_repository(
     instance_count: int = 1,
     max_batch_size: int = 8,
     torch_threads: int = 1,
+    engine_step: str = "default",
     model_cache_dir: str | Path | None = None,
     request_log_dir: str | Path | None = None,
     request_log_max_image_mb: float = 1024.0,
@@ -125,6 +128,10 @@ def materialize_repository(
         raise ValueError("max_batch_size must be >= 0 (0 = no batching)")
     if torch_threads < 0:
         raise ValueError("torch_threads must be >= 0 (0 = torch default)")
+    if engine_step not in STEP_SWITCHES:
+        raise ValueError(f"engine_step {engine_step!r} is not one of {sorted(STEP_SWITCHES)}")
+    if engine_step.startswith("cuda_graphs") and device == "cpu":
+        raise ValueError("engine_step cuda_graphs needs device cuda or cuda:N")
     uri = str(model_uri)
     if "://" not in uri and not uri.startswith(("models:/", "runs:/")):
         folder = Path(uri).expanduser().resolve()
@@ -144,6 +151,7 @@ def materialize_repository(
         "layout": layout,
         "max_new_tokens_limit": str(max_new_tokens_limit),
         "torch_threads": str(torch_threads),
+        "engine_step": engine_step,
         "model_cache_dir": str(Path(model_cache_dir).resolve()) if model_cache_dir else "",
         "request_log_dir": str(Path(request_log_dir).resolve()) if request_log_dir else "",
         "request_log_max_image_mb": str(request_log_max_image_mb),
