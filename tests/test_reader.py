@@ -183,3 +183,65 @@ def test_the_tower_frames_of_training_lines_are_kept_for_the_next_run(tmp_path, 
     monkeypatch.setattr(reader_module._Tower, "__call__", lambda *a: pytest.fail("the tower ran for a cached line"))
     second = again.encode_pages(again.cpu_preprocessor()(crops))
     assert torch.allclose(first.embeds, second.embeds, atol=1e-2)  # frames are kept in half precision
+
+
+def test_a_vertical_rule_beside_code_does_not_join_its_lines():
+    """Line-numbered listings draw a bar down the whole crop: every row has ink, so without
+    ignoring it the crop is one line."""
+    from models.reader import find_lines
+
+    crop = _crop(["1  border(ib)", "2  begin", "3    x:=f(t);", "4  end;"], size=18)
+    ImageDraw.Draw(crop).line([(20, 0), (20, crop.height - 1)], fill="black", width=2)
+    assert len(find_lines(np.asarray(crop.convert("L")))) == 4
+
+
+def test_a_long_element_is_read_in_pieces_of_whole_lines_that_fit_the_trained_prefix(reader):
+    model, _ = reader
+    from models.reader import PIECE_FILL, find_lines
+
+    lines = [f"Line number {i} of a long paragraph that goes on" for i in range(24)]
+    crop = _crop(lines, size=20)
+    pieces = model.reading_pieces(crop)
+    assert len(pieces) > 1 and all(p.width == crop.width for p in pieces)
+    found = [len(find_lines(np.asarray(p.convert("L")))) for p in pieces]
+    assert sum(found) == len(lines)  # every line in exactly one piece, none cut
+    for piece in pieces:  # each piece's prefix fits what training showed the model
+        assert model.encode_pages(model.preprocess([piece])).valid.sum() <= model.config.max_train_slots
+    short = _crop(lines[:2], size=20)
+    assert model.reading_pieces(short) == [short]
+    assert PIECE_FILL < 1
+
+
+def test_pieces_are_decoded_in_one_batch_and_merged_in_order(reader):
+    """components.parsing.pieces: each crop's pieces come back as one result, text joined by the
+    category's joiner (a newline in code), tokens and accounting added up."""
+    from components.decoding.engine import DecodingEngine
+    from components.decoding.types import DecodeParams
+    from components.parsing.pieces import generate_in_pieces
+
+    model, tokenizer = reader
+    engine = DecodingEngine(model, tokenizer)
+    long = _crop([f"Line {i} of a long element with text" for i in range(24)], size=20)
+    short = _crop(["short"], size=20)
+    params = DecodeParams(max_new_tokens=6)
+    pieces = model.reading_pieces(long)
+    alone = engine.generate(pieces, params)
+    merged_long, merged_short = generate_in_pieces(engine, [long, short], params, categories=["code", "text"])
+    assert merged_long.token_ids == [t for r in alone for t in r.token_ids]
+    assert merged_long.text == "\n".join(t for r in alone if (t := r.text.strip()))
+    assert merged_long.stats.forward_passes == sum(r.stats.forward_passes for r in alone)
+    assert merged_short.token_ids == engine.generate([short], params)[0].token_ids
+
+
+def test_a_runaway_row_stops_at_its_prefix_budget_not_at_max_new_tokens(reader):
+    """An untrained reader never writes <eos>: each row stops at about one token per prefix slot."""
+    from components.decoding.engine import DecodingEngine
+    from components.decoding.types import DecodeParams
+
+    model, tokenizer = reader
+    engine = DecodingEngine(model, tokenizer)
+    crops = [_crop(["ab"], size=20), _crop(["a much longer line of text here"], size=20)]
+    slots = model.encode_pages(model.preprocess(crops)).valid.sum(1).tolist()
+    results = engine.generate(crops, DecodeParams(max_new_tokens=500))
+    assert not any(r.finished for r in results)
+    assert [len(r.token_ids) for r in results] == [count + count // 4 + 16 for count in slots]
