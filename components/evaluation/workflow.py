@@ -176,7 +176,8 @@ def parse_mode_comparison(cfg: PipelineConfig, page_model_dir: Path, element_mod
                              window=cfg.evaluation.window) for name in ("ar", "sdb")]
     report = compare_parse_modes(DecodingEngine.from_pretrained(page_model_dir),
                                  DecodingEngine.from_pretrained(element_model_dir), pages,
-                                 [dataset.load_image(p) for p in pages], decoders)
+                                 [dataset.load_image(p) for p in pages], decoders,
+                                 formula_metric=cfg.evaluation.formula_metric)
     return {**report, "table": table(report), "page_model": str(page_model_dir),
             "element_model": str(element_model_dir)}
 
