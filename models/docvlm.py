@@ -13,7 +13,6 @@ import functools
 import itertools
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -34,8 +33,8 @@ from transformers import (
 )
 from transformers.configuration_utils import SubConfigSpec
 
-from models.interface import SPECIAL_ID_NAMES, PagePrefix
-from models.static_decoder import StaticQwen2Decoder
+from models.interface import PagePrefix
+from models.qwen2_decoder import Qwen2DecoderMixin
 
 
 @strict
@@ -184,7 +183,7 @@ def attention_implementations(preferred: str = "sdpa") -> tuple[str, str]:
     return attn, ("sdpa" if attn == "flash_attention_2" else attn)
 
 
-class DocVLMForConditionalGeneration(PreTrainedModel):
+class DocVLMForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
     """Vision prefix + causal decoder. Implements :class:`models.interface.TrainableMarkupLM`."""
 
     takes_task_prompts = False  # an element crop alone says what it is (see components.parsing.prompts)
@@ -247,42 +246,9 @@ class DocVLMForConditionalGeneration(PreTrainedModel):
         return PagePrefix(embeds=self.projector(merged))
 
     # ----- special ids and vocabulary (training interface) ----------------------------------
-    @property
-    def special_ids(self) -> dict[str, int]:
-        ids = {name: getattr(self.config, f"{name}_token_id") for name in SPECIAL_ID_NAMES}
-        if any(v is None for v in ids.values()):
-            raise ValueError(f"model config lacks special token ids: {ids}")
-        return ids
-
-    @property
-    def vocab_size(self) -> int:
-        return self.language_model.get_output_embeddings().weight.shape[0]
-
-    @vocab_size.setter
-    def vocab_size(self, _value: int) -> None:
-        """``resize_token_embeddings`` assigns it; the size is read off the output layer."""
-
-    def draft_token_ids(self) -> torch.Tensor:
-        """Our tokenizers put their special tokens first, so content is every id above them."""
-        return torch.arange(max(self.special_ids.values()) + 1, self.vocab_size)
-
-    def save_folder(self, path: Path, tokenizer, state_dict: dict | None = None) -> Path:
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        self.save_pretrained(str(path), state_dict=state_dict)
-        tokenizer.save_pretrained(str(path))
-        return path
-
     # ----- text side --------------------------------------------------------------------
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.language_model.get_input_embeddings()(input_ids)
-
-    def get_input_embeddings(self) -> nn.Module:
-        """The decoder's token embeddings (``transformers`` and ``peft`` look them up here)."""
-        return self.language_model.get_input_embeddings()
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.language_model.set_input_embeddings(value)
 
     def forward(
         self,
@@ -323,10 +289,6 @@ class DocVLMForConditionalGeneration(PreTrainedModel):
     def num_prefix_tokens(self) -> int:
         return self.config.num_prefix_tokens
 
-    @property
-    def max_positions(self) -> int:
-        return int(self.config.text_config.max_position_embeddings)
-
     @torch.inference_mode()
     def prefill(self, images: list[Image.Image], prompt_ids: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
         """Encode pages and run ``[prefix, prompt]`` once; returns prompt logits and the KV cache."""
@@ -335,26 +297,6 @@ class DocVLMForConditionalGeneration(PreTrainedModel):
         cache = DynamicCache(config=self.config.text_config)
         out = self.language_model(inputs_embeds=inputs_embeds, cache=cache, use_cache=True)
         return out.logits[:, prefix.embeds.shape[1] :], cache
-
-    def static_decoder(self) -> StaticQwen2Decoder | None:
-        """The text decoder as a lean forward over a static KV cache (None if its config is unsupported).
-
-        Built per call: it holds references to the current weights, so it must not outlive a ``.to()``.
-        """
-        try:
-            return StaticQwen2Decoder(self.language_model)
-        except ValueError:
-            return None
-
-    @torch.inference_mode()
-    def forward_tokens(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor, cache: DynamicCache
-    ) -> torch.Tensor:
-        """One decoder forward over new tokens; appends their KV to ``cache``. Mask is (B,1,Q,K) bool."""
-        out = self.language_model(
-            input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, cache=cache, use_cache=True
-        )
-        return out.logits
 
 
 AutoConfig.register("docvlm", DocVLMConfig)

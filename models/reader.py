@@ -40,7 +40,6 @@ from PIL import Image
 from torch import nn
 from transformers import (
     AutoConfig,
-    AutoModel,
     DynamicCache,
     PreTrainedConfig,
     PreTrainedModel,
@@ -50,9 +49,9 @@ from transformers import (
 from transformers.configuration_utils import SubConfigSpec
 
 from models.docvlm import attention_implementations
-from models.interface import SPECIAL_ID_NAMES, PagePrefix
+from models.interface import PagePrefix
 from models.ocr_encoder import COLUMN_STRIDE, LINE_HEIGHT, load_ppocr_recognizer, ppocr_recognizer_path
-from models.static_decoder import StaticQwen2Decoder
+from models.qwen2_decoder import Qwen2DecoderMixin
 
 MODEL_TYPE = "docmarkup_reader"
 INK_THRESHOLD = 170  # a pixel darker than this is ink
@@ -273,7 +272,7 @@ class _Tower:
         return probs, self._captured.pop()
 
 
-class ReaderForConditionalGeneration(PreTrainedModel):
+class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
     """Line recogniser prefix + byte-level Qwen2 decoder; implements :class:`models.interface.TrainableMarkupLM`."""
 
     takes_task_prompts = False  # the crop alone says what it is: its line height, its font, its indentation
@@ -463,38 +462,7 @@ class ReaderForConditionalGeneration(PreTrainedModel):
         """Slot ``j`` at ``P + j - 2``: the slot of the ``k``-th character shares token ``k``'s position."""
         return (torch.arange(n_prefix, device=device) + n_prefix - FIRST_CHARACTER_SLOT).expand(batch, -1)
 
-    # ----- training interface --------------------------------------------------------------------
-    @property
-    def special_ids(self) -> dict[str, int]:
-        ids = {name: getattr(self.config, f"{name}_token_id") for name in SPECIAL_ID_NAMES}
-        if any(v is None for v in ids.values()):
-            raise ValueError(f"model config lacks special token ids: {ids}")
-        return ids
-
-    @property
-    def vocab_size(self) -> int:
-        return self.language_model.get_output_embeddings().weight.shape[0]
-
-    @vocab_size.setter
-    def vocab_size(self, _value: int) -> None:
-        """``resize_token_embeddings`` assigns it; the size is read off the output layer."""
-
-    def draft_token_ids(self) -> torch.Tensor:
-        return torch.arange(max(self.special_ids.values()) + 1, self.vocab_size)
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.language_model.get_input_embeddings()
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.language_model.set_input_embeddings(value)
-
-    def save_folder(self, path: Path, tokenizer, state_dict: dict | None = None) -> Path:
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        self.save_pretrained(str(path), state_dict=state_dict)
-        tokenizer.save_pretrained(str(path))
-        return path
-
+    # ----- training interface (the rest comes from Qwen2DecoderMixin) ---------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 prefix: ReaderPrefix, **_unused) -> dict[str, torch.Tensor]:
         """Token streams after the prefix: the prefix's positions are the reader's own, its padding hidden."""
@@ -509,10 +477,6 @@ class ReaderForConditionalGeneration(PreTrainedModel):
         return {"logits": self.language_model.lm_head(out.last_hidden_state[:, n_prefix:])}
 
     # ----- decoding interface ---------------------------------------------------------------------
-    @property
-    def max_positions(self) -> int:
-        return int(self.config.text_config.max_position_embeddings)
-
     @torch.inference_mode()
     def prefill(self, images: list[Image.Image], prompt_ids: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
         """Encode the crops and run their prefixes once; the cache carries ``prefix_valid``."""
@@ -533,23 +497,6 @@ class ReaderForConditionalGeneration(PreTrainedModel):
         slots = prefix.valid.sum(1)
         cache.output_budget = (slots + slots // OUTPUT_SLACK + OUTPUT_MARGIN).tolist()
         return out.logits[:, n_prefix:], cache
-
-    def static_decoder(self) -> StaticQwen2Decoder | None:
-        try:
-            return StaticQwen2Decoder(self.language_model)
-        except ValueError:
-            return None
-
-    @torch.inference_mode()
-    def forward_tokens(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       cache: DynamicCache) -> torch.Tensor:
-        out = self.language_model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                                  cache=cache, use_cache=True)
-        return out.logits
-
-
-AutoConfig.register(MODEL_TYPE, ReaderConfig)
-AutoModel.register(ReaderConfig, ReaderForConditionalGeneration)
 
 
 def class_byte_table(tokenizer, charset: list[str], max_bytes: int = MAX_BYTES) -> torch.Tensor:
