@@ -243,18 +243,27 @@ def streamed_made(model_dir: Path) -> dict:
     }
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="./run pretrain", description=__doc__.split("\n")[0])
-    parser.add_argument("--config", default="configs/train/pretrain.yaml")
+def pretrain_parser(prog: str, description: str, *, config: str, out: Path, work_dir: Path,
+                    decoders: str) -> argparse.ArgumentParser:
+    """The options every pretraining command has: its config and overrides, where the model is
+    installed, where the run works, and the decoders evaluated at the end."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", default=config)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--work-dir", type=Path, default=work_dir)
+    parser.add_argument("--decoders", default=decoders)
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = pretrain_parser("./run pretrain", __doc__.split("\n")[0], config="configs/train/pretrain.yaml",
+                             out=DEFAULT_OUT, work_dir=WORK_DIR, decoders="ar,sdb,block,ppc")
     parser.add_argument("--pages", type=int, default=12_000, help="synthetic training pages (tiny preset)")
     parser.add_argument("--lines-pages", type=int, default=6_000,
                         help="extra easy pages (lines preset: one or two short blocks) mixed in as a reading curriculum")
     parser.add_argument("--eval-pages", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--work-dir", type=Path, default=WORK_DIR)
-    parser.add_argument("--decoders", default="ar,sdb,block,ppc")
     parser.add_argument("--curve-every", type=int, default=500, help="score a checkpoint every N steps")
     parser.add_argument("--stop-at-step", type=int, default=None, help="checkpoint and stop at this step (resume later)")
     parser.add_argument("--publish", type=Path, default=None, metavar="MODEL_DIR",

@@ -25,6 +25,7 @@ from pathlib import Path
 from components.data.page_store import PageDataset
 from components.data.pages import atomic_write_text
 from components.training.config import PROJECT_ROOT, TrainConfigError, load_train_config
+from components.training.pretrain import pretrain_parser
 
 DEFAULT_OUT = PROJECT_ROOT / "models" / "pretrained" / "docmarkup-reader"
 WORK_DIR = PROJECT_ROOT / "var" / "reader"
@@ -141,18 +142,14 @@ Held-out character error (AR, first {meta['curve_elements']} held-out elements) 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="./run pretrain --reader", description=__doc__.split("\n")[0])
-    parser.add_argument("--config", default="configs/train/reader.yaml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser = pretrain_parser("./run pretrain --reader", __doc__.split("\n")[0], config="configs/train/reader.yaml",
+                             out=DEFAULT_OUT, work_dir=WORK_DIR, decoders="ar,sdb,ppc,block")
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     parser.add_argument("--corpus-max-pages", type=int, default=None)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--work-dir", type=Path, default=WORK_DIR)
     parser.add_argument("--init-from", type=Path, default=None,
                         help="a reader folder to start phase 1 from instead of a fresh reader (warm start)")
     parser.add_argument("--phase1-steps", type=int, default=None, help="default: configs/train/reader.yaml")
     parser.add_argument("--phase2-steps", type=int, default=150)
-    parser.add_argument("--decoders", default="ar,sdb,ppc,block")
     parser.add_argument("--curve-elements", type=int, default=150)
     parser.add_argument("--eval-elements", type=int, default=None, help="held-out elements to evaluate (default all)")
     return parser.parse_args(argv)
