@@ -77,6 +77,7 @@ class DecodingEngine:
         self.cuda_graphs, self.compile_step = cuda_graphs, compile_step
         self.fixed_shapes = fixed_shapes or cuda_graphs or compile_step
         self._fixed_step: FixedShapeStep | None = None
+        self._fixed_weights = 0  # data pointer of the weights the fixed step was built on
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "cpu", static_cache: bool = True,
@@ -92,8 +93,10 @@ class DecodingEngine:
         reused); None unless a fixed-shape switch is on."""
         if not self.fixed_shapes:
             return None
-        if self._fixed_step is None:
+        weights = lean.embed.data_ptr()  # a moved or reloaded model has new weight tensors: start afresh
+        if self._fixed_step is None or self._fixed_weights != weights:
             self._fixed_step = FixedShapeStep(lean, cuda_graphs=self.cuda_graphs, compile_step=self.compile_step)
+            self._fixed_weights = weights
         return self._fixed_step
 
     @property

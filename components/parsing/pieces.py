@@ -50,9 +50,11 @@ def merge_results(results: list[DecodeResult], join: str) -> DecodeResult:
         stats.accepted_lengths.extend(result.stats.accepted_lengths)
         stats.confidence_sum += result.stats.confidence_sum
         stats.seconds = max(stats.seconds, result.stats.seconds)  # the pieces decode in one batch
+    # Lines keep their leading spaces where they are code (a piece's first line may be indented).
+    texts = [r.text.strip("\n") if join == "\n" else r.text.strip() for r in results]
     return DecodeResult(
         token_ids=[t for r in results for t in r.token_ids],
-        text=join.join(text for r in results if (text := r.text.strip())),
+        text=join.join(text for text in texts if text.strip()),
         stats=stats, confidences=[c for r in results for c in r.confidences],
         finished=all(r.finished for r in results), truncated=any(r.truncated for r in results),
     )
