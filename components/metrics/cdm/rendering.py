@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,7 +122,7 @@ def render(latex: str, cache_dir: Path | None = None) -> Rendering | None:
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         payload = {"tokens": rendering.tokens, "boxes": rendering.boxes, "size": rendering.size} if rendering else {}
-        temporary = cached.with_suffix(f".{key[:8]}.tmp")
+        temporary = cached.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # writers never share one
         temporary.write_text(json.dumps(payload))
         temporary.replace(cached)
     return rendering
