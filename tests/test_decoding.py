@@ -381,3 +381,24 @@ def test_choosing_a_whole_forward_at_once_equals_choosing_row_by_row():
         assert [r[0] for r in rows] == [a[0] for a in alone]
         assert all(abs(x - y) < 1e-6 for r, a in zip(rows, alone, strict=True) for x, y in zip(r[1], a[1], strict=True))
         assert not any(t in (0, 1, 2) for r in rows for t in r[0])
+
+
+def test_unseeded_sampling_draws_the_whole_forward_on_the_device():
+    """Without a seed every row is drawn at once where the logits are: top-k holds, banned ids never
+    come out, a row's confidence is the probability of the token drawn, and the draws follow the
+    distribution (a near-zero temperature is greedy)."""
+    import torch
+
+    from components.decoding.sampling import choose_rows
+    from components.decoding.types import DecodeParams
+
+    logits = torch.randn(4, 6, 50, generator=torch.Generator().manual_seed(1))
+    banned = torch.tensor([0, 1, 2])
+    rows = choose_rows(logits, DecodeParams(temperature=1.0, top_k=3), [None] * 4, banned)
+    allowed = logits.index_fill(-1, banned, float("-inf")).topk(3, dim=-1).indices
+    for i, (tokens, confidences) in enumerate(rows):
+        assert all(t in allowed[i, q].tolist() for q, t in enumerate(tokens))
+        assert all(0 < c <= 1 for c in confidences)
+    cold = choose_rows(logits, DecodeParams(temperature=1e-4), [None] * 4, banned)
+    greedy = choose_rows(logits, DecodeParams(), [None] * 4, banned)
+    assert [r[0] for r in cold] == [r[0] for r in greedy]
