@@ -205,3 +205,17 @@ def test_overall_uses_cdm_when_asked_and_names_it(tmp_path, monkeypatch):
     assert resolve_formula_metric("auto") == "cdm"
     with pytest.raises(ValueError, match="formula_metric"):
         aggregate_scores([page], "bleu")
+
+
+@needs_toolchain
+def test_a_page_ghostscript_cannot_rasterise_draws_nothing(tmp_path, monkeypatch):
+    real_run = subprocess.run
+
+    def failing_gs(command, *args, **kwargs):
+        if command[0] == "gs":
+            raise subprocess.CalledProcessError(1, command)
+        return real_run(command, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", failing_gs)
+    assert render_module.render(r"x ^ { 2 }", None) is None
+    assert cdm_score(r"y", r"x ^ { 2 }", cache_dir=None) == 0.0

@@ -133,17 +133,20 @@ def _draw(source: str, tokens: list[str]) -> Rendering | None:
         folder = Path(work)
         (folder / "formula.tex").write_text(source)
         try:
-            subprocess.run(["pdflatex", "-interaction=nonstopmode", "formula.tex"], cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           timeout=COMPILE_SECONDS, check=False)
+            subprocess.run(["pdflatex", "-interaction=nonstopmode", "formula.tex"], cwd=folder,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=COMPILE_SECONDS, check=False)
         except subprocess.TimeoutExpired:
             return None
         if not (folder / "formula.pdf").exists():
             return None
-        subprocess.run(["gs", "-q", "-dSAFER", "-dBATCH", "-dNOPAUSE", "-dNOPROMPT", "-dMaxBitmap=500000000",
-                        "-dAlignToPixels=0", "-dGridFitTT=2", "-sDEVICE=pngalpha", "-dTextAlphaBits=4",
-                        "-dGraphicsAlphaBits=4", f"-r{DPI}x{DPI}", "-sOutputFile=page-%d.png", "formula.pdf"],
-                       cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=COMPILE_SECONDS,
-                       check=True)
+        try:
+            subprocess.run(["gs", "-q", "-dSAFER", "-dBATCH", "-dNOPAUSE", "-dNOPROMPT", "-dMaxBitmap=500000000",
+                            "-dAlignToPixels=0", "-dGridFitTT=2", "-sDEVICE=pngalpha", "-dTextAlphaBits=4",
+                            "-dGraphicsAlphaBits=4", f"-r{DPI}x{DPI}", "-sOutputFile=page-%d.png", "formula.pdf"],
+                           cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=COMPILE_SECONDS,
+                           check=True)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            return None  # a PDF Ghostscript cannot rasterise draws nothing, as in the official pipeline
         pages = sorted(folder.glob("page-*.png"))
         if len(pages) != 1:  # the official pipeline finds no single page image then
             return None
