@@ -218,4 +218,3 @@ def test_a_page_ghostscript_cannot_rasterise_draws_nothing(tmp_path, monkeypatch
 
     monkeypatch.setattr(subprocess, "run", failing_gs)
     assert render_module.render(r"x ^ { 2 }", None) is None
-    assert cdm_score(r"y", r"x ^ { 2 }", cache_dir=None) == 0.0
