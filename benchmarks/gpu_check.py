@@ -58,6 +58,19 @@ def _element_crops(count: int):
     return [crop for *_, crop in store_elements(PageDataset(READER_CROPS), ("text", "title", "code"), count)]
 
 
+def _timed_one_by_one(engine, images: list, params, device: str) -> tuple[list, float]:
+    """Each image decoded alone (batch 1) after one warm-up decode (kernels, capture, compile), and
+    the seconds all of them took, the device synchronised at both ends."""
+    engine.generate(images[:1], params)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    results = [engine.generate([image], params)[0] for image in images]
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return results, time.perf_counter() - started
+
+
 def shipped_part(device: str, pages: int, max_new_tokens: int, out: Path) -> dict:
     """Each shipped model on ``device``: exactness (SDB = AR, batch 8 = batch 1) and decoder speed."""
     from components.decoding.engine import DecodingEngine
@@ -75,14 +88,7 @@ def shipped_part(device: str, pages: int, max_new_tokens: int, out: Path) -> dic
         reference = None
         for decoder in ("ar", "sdb", "ppc", "block"):
             params = DecodeParams(decoder=decoder, max_new_tokens=max_new_tokens)
-            engine.generate(images[:1], params)  # warm-up
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            single = [engine.generate([image], params)[0] for image in images]
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            seconds = time.perf_counter() - started
+            single, seconds = _timed_one_by_one(engine, images, params, device)
             tokens = sum(r.stats.new_tokens for r in single)
             forwards = sum(r.stats.forward_passes for r in single)
             batched = engine.generate(images[:8], params)
@@ -114,14 +120,7 @@ def _switch_rows(folder: Path, device: str, images: list, max_new_tokens: int, r
             engine = DecodingEngine.from_pretrained(folder, device=device, **flags)
             for decoder in ("ar", "sdb"):
                 params = DecodeParams(decoder=decoder, max_new_tokens=max_new_tokens)
-                engine.generate(images[:1], params)  # capture / compile
-                if device.startswith("cuda"):
-                    torch.cuda.synchronize()
-                started = time.perf_counter()
-                results = [engine.generate([image], params)[0] for image in images]
-                if device.startswith("cuda"):
-                    torch.cuda.synchronize()
-                seconds = time.perf_counter() - started
+                results, seconds = _timed_one_by_one(engine, images, params, device)
                 rows[f"{name}.{decoder}"] = {
                     "tokens_per_second": sum(r.stats.new_tokens for r in results) / seconds,
                     "equals_default_ar": [r.token_ids for r in results] == reference,

@@ -249,6 +249,13 @@ def base_engine() -> DecodingEngine:
     return DecodingEngine.from_pretrained("models/pretrained/docmarkup-base")
 
 
+def _assert_same_decoding(results, reference) -> None:
+    """Two engines decoded the same pages alike: same tokens, confidences within 1e-5."""
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+    for row, expected in zip(results, reference, strict=True):
+        assert row.confidences == pytest.approx(expected.confidences, abs=1e-5)
+
+
 @pytest.mark.parametrize("decoder", ["ar", "sdb", "block", "ppc"])
 def test_static_kv_cache_gives_the_dynamic_caches_tokens(base_engine, decoder):
     """The lean decoder over a static cache (the default for DocVLM) is the same function as the
@@ -258,10 +265,7 @@ def test_static_kv_cache_gives_the_dynamic_caches_tokens(base_engine, decoder):
     params = DecodeParams(decoder=decoder, window=5, max_new_tokens=40)
     dynamic = DecodingEngine(base_engine.model, base_engine.tokenizer, static_cache=False)
     fast = base_engine.generate(pages, params)
-    slow = dynamic.generate(pages, params)
-    assert [r.token_ids for r in fast] == [r.token_ids for r in slow]
-    for fast_row, slow_row in zip(fast, slow, strict=True):
-        assert fast_row.confidences == pytest.approx(slow_row.confidences, abs=1e-5)
+    _assert_same_decoding(fast, dynamic.generate(pages, params))
     if decoder == "sdb":  # rows accepted different lengths per forward, so the cache had holes
         assert len({tuple(r.stats.accepted_lengths) for r in fast}) > 1
 
@@ -273,11 +277,7 @@ def test_the_fixed_shape_step_decodes_what_the_default_step_decodes(base_engine,
     pages = [generate_page(seed)[1] for seed in range(3)]
     params = DecodeParams(decoder=decoder, window=5, max_new_tokens=40)
     fixed = DecodingEngine(base_engine.model, base_engine.tokenizer, fixed_shapes=True)
-    reference = base_engine.generate(pages, params)
-    results = fixed.generate(pages, params)
-    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
-    for row, expected in zip(results, reference, strict=True):
-        assert row.confidences == pytest.approx(expected.confidences, abs=1e-5)
+    _assert_same_decoding(fixed.generate(pages, params), base_engine.generate(pages, params))
     assert fixed._fixed_step is not None  # it really ran the fixed-shape step
 
 
