@@ -38,7 +38,9 @@ class IngestSection(_Strict):
 
 
 class PreannotationSection(_Strict):
-    backend: str = "rapidocr"
+    # auto: a PDF page's own text layer where it is usable (exact, independent truth), else OCR
+    # (options.fallback, RapidOCR by default); see components/curation/preannotate/pdf_text.py
+    backend: str = "auto"
     options: dict[str, Any] = Field(default_factory=dict)
     max_pages: int | None = Field(16, ge=1)  # the demo pre-annotates a sample; None = all pages
 
@@ -180,8 +182,10 @@ class DeploySection(_Strict):
 
 class MonitoringSection(_Strict):
     low_confidence: float = Field(0.8, ge=0.0, le=1.0)
-    psi_threshold: float = 0.2
-    min_production_pages: int = 20
+    psi_threshold: float = Field(0.2, gt=0)
+    ks_pvalue_threshold: float = Field(0.01, gt=0, lt=1)
+    # Served pages a drift verdict needs (at least monitoring.drift.MIN_VERDICT_PAGES = 20: fewer is noise).
+    min_production_pages: int = Field(20, ge=20)
     # Page images the serving log keeps for low-confidence requests (monitoring/request_log.py):
     # at most this many MB, none older than this many days.
     max_image_mb: float = Field(1024.0, gt=0)
@@ -194,6 +198,7 @@ class ExecutionSection(_Strict):
     task_runner: Literal["threads", "dask"] = "threads"
     workers: int = Field(2, ge=1)
     dask_address: str | None = None  # an existing scheduler (tcp://...); None = a local cluster
+    prefect_port: int = Field(4200, ge=1, le=65535)  # the project's Prefect server (API + UI) on 127.0.0.1
 
 
 class PipelineConfig(_Strict):

@@ -101,8 +101,8 @@ def served_model(server: TritonServer, expected: dict, timeout_s: float = 120.0)
     """Ask both endpoints (unary HTTP, gRPC stream) which model answers; raise unless it is ``expected``."""
     client = DocMarkupClient(server.http_url, server.grpc_url, timeout_s=timeout_s)
     page = _probe_page()
-    unary = client.transcribe(page, decoder="ar", max_new_tokens=2).stats["model"]
-    with client.stream_transcribe(page, decoder="ar", max_new_tokens=2) as stream:
+    unary = client.transcribe(page, decoder="ar", max_new_tokens=2, probe=True).stats["model"]
+    with client.stream_transcribe(page, decoder="ar", max_new_tokens=2, probe=True) as stream:
         for _ in stream:
             pass
     streamed = (stream.stats or {}).get("model", {})
@@ -125,8 +125,9 @@ def smoke_test(cfg: PipelineConfig, server: TritonServer) -> dict:
     for page in pages:
         buffer = io.BytesIO()
         dataset.load_image(page).save(buffer, format="PNG")
-        unary = client.transcribe(buffer.getvalue(), decoder="sdb", max_new_tokens=serving_budget(cfg))
-        with client.stream_transcribe(buffer.getvalue(), decoder="ar", max_new_tokens=serving_budget(cfg)) as stream:
+        unary = client.transcribe(buffer.getvalue(), decoder="sdb", max_new_tokens=serving_budget(cfg), probe=True)
+        with client.stream_transcribe(buffer.getvalue(), decoder="ar", max_new_tokens=serving_budget(cfg),
+                                      probe=True) as stream:
             streamed = "".join(chunk.text for chunk in stream)
         agreed += unary.text == streamed
         latencies.append(unary.stats["latency_s"])

@@ -58,9 +58,10 @@ def task_runner_for(cfg: PipelineConfig):
 
 
 @contextlib.contextmanager
-def project_prefect_server():
-    """Run the flows against ``PREFECT_API_URL`` if set, else the project's Prefect server (started if
-    needed): every run shows in its UI, and a killed flow leaves no temporary server behind."""
+def project_prefect_server(port: int | None = None):
+    """Run the flows against ``PREFECT_API_URL`` if set, else the project's Prefect server on ``port``
+    (``execution.prefect_port``; started if needed): every run shows in its UI, and a killed flow
+    leaves no temporary server behind."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     if os.environ.get("PREFECT_API_URL"):
@@ -68,7 +69,7 @@ def project_prefect_server():
         return
     from components.services.tracking import ensure_prefect_server
 
-    url = ensure_prefect_server()
+    url = ensure_prefect_server(port) if port else ensure_prefect_server()
     with temporary_settings(updates={PREFECT_API_URL: url}):
         yield url
 
@@ -117,6 +118,6 @@ def run_flow_cli(flow_fn, description: str | None, argv: list[str] | None = None
     config, overrides = args.pop("config"), parse_overrides(args.pop("overrides")) or None
     if checked_config(config, overrides):
         return 2
-    with project_prefect_server():
+    with project_prefect_server(resolve(config, overrides).execution.prefect_port):
         flow_fn(config=config, overrides=overrides, **args)
     return 0

@@ -48,7 +48,9 @@ def retrain(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = Non
     if summary["train"].get("element_model_dir"):  # page vs element mode, the same test pages
         summary["parse_modes"] = compare_modes(cfg, Path(summary["train"]["model_dir"]),
                                                Path(summary["train"]["element_model_dir"]))
-    if cfg.deploy.enabled and (summary["evaluate"]["promoted"] or _has_champion(cfg)):
+    if summary["evaluate"].get("unchanged"):  # no stage kept a change: the served model stays as it is
+        get_run_logger().info("nothing new to promote: %s", summary["evaluate"]["gate_failures"][0])
+    elif cfg.deploy.enabled and (summary["evaluate"]["promoted"] or _has_champion(cfg)):
         summary["deploy"] = deploy(config, overrides)
         if replay_traffic:
             summary["replayed_pages"] = replay(cfg, limit=cfg.monitoring.min_production_pages + 8)
@@ -78,10 +80,13 @@ def where_things_are(summary: dict) -> str:
         evaluation["table"],
         "",
         *sample_lines(evaluation.get("sample")),
+        f"Truth       {evaluation.get('truth_line', 'truth: unknown')}",
         f"MLflow      {default_tracking_uri()}  run {evaluation['run_id']}",
-        f"            model {evaluation['model_name']} v{evaluation['version']}: "
-        + ("alias 'champion'" if evaluation["promoted"] else f"not promoted ({'; '.join(evaluation['gate_failures'])})")
-        + f"; gated on {evaluation.get('gate_metric')}",
+        (f"            {evaluation['gate_failures'][0]}: no version registered, nothing deployed"
+         if evaluation.get("unchanged") else
+         f"            model {evaluation['model_name']} v{evaluation['version']}: "
+         + ("alias 'champion'" if evaluation["promoted"] else f"not promoted ({'; '.join(evaluation['gate_failures'])})")
+         + f"; gated on {evaluation.get('gate_metric')}"),
         *baseline_lines(evaluation),
         "            browse: ./run services start mlflow  ->  http://127.0.0.1:5000",
         _data_line(summary["train"].get("data_version")),
@@ -105,9 +110,9 @@ def where_things_are(summary: dict) -> str:
     monitor_result = summary.get("monitor") or {}
     if monitor_result:
         drift = monitor_result["drift"]
-        lines.append(f"Monitoring  drift: {'DRIFT' if drift.get('drifted') else 'none'}"
-                     + ("" if drift.get("checked") else f" (not checked: {drift.get('reason')})")
-                     + f"; {monitor_result['feedback'].get('queued', 0)} low-confidence pages sent to Label Studio")
+        verdict = drift["summary"] if drift.get("checked") else f"no verdict ({drift.get('reason')})"
+        lines.append(f"Monitoring  drift: {verdict}")
+        lines.append(f"            {monitor_result['feedback'].get('queued', 0)} low-confidence pages sent to Label Studio")
     if summary.get("prefect_ui"):
         lines.append(f"Prefect     {summary['prefect_ui']}  (flow runs of this life cycle)")
     lines += ["Stop services: ./run services stop --all", "=" * 78]
@@ -163,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = parse_overrides(args.overrides) or None
     if checked_config(config, overrides):  # every config error before any work, in one message
         return 2
-    with project_prefect_server() as prefect_url:
+    with project_prefect_server(resolve(config, overrides).execution.prefect_port) as prefect_url:
         print(f"Prefect UI: {prefect_url.removesuffix('/api')} (this run's flows and tasks)", flush=True)
         summary = retrain(config, overrides, replay_traffic=args.demo)
     summary["prefect_ui"] = prefect_url.removesuffix("/api")

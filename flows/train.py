@@ -72,7 +72,12 @@ def train(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None)
         summary["elements"] = result.summary
         summary["element_model_dir"] = str(result.model_dir)
     summary["model_dir"] = str(model_dir)
-    logger.info("training done: model %s", model_dir)
+    start = starting_checkpoint(cfg)
+    summary["changed"] = start is None or Path(model_dir).resolve() != Path(start).resolve()
+    if summary["changed"]:
+        logger.info("training done: model %s", model_dir)
+    else:
+        logger.info("training done: every stage ended below its input; the model is still %s (nothing new)", model_dir)
     return summary
 
 

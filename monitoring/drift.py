@@ -3,8 +3,10 @@
 Two signals need no labels: the model's mean token confidence and its output length. Each is
 compared between the evaluation split (reference) and a window of production requests with a
 two-sample Kolmogorov-Smirnov test and the Population Stability Index (PSI, on reference
-quantile bins). Drift is declared when PSI exceeds its threshold *and* the KS test rejects, so a
-small window does not page anyone on noise alone.
+quantile bins). Each signal gets a verdict that follows both tests and their thresholds:
+``drift`` when PSI exceeds its threshold *and* the KS test rejects, ``none`` when neither does, and
+``inconclusive`` when they disagree (a PSI of 4 with a KS p of 0.2 is not "no drift"). Below
+:data:`MIN_VERDICT_PAGES` served pages there is no verdict at all: "not enough production pages".
 """
 
 from __future__ import annotations
@@ -17,6 +19,15 @@ import numpy as np
 from scipy import stats
 
 SIGNALS = ("mean_confidence", "new_tokens")
+# Fewer served pages than this give no verdict: with 4 pages a KS test cannot reject anything and
+# PSI over 10 bins is noise (a drift of 4.3 PSI was once called "none" on 4 pages).
+MIN_VERDICT_PAGES = 20
+PSI_THRESHOLD = 0.2
+KS_PVALUE_THRESHOLD = 0.01
+
+
+class NotEnoughPagesError(ValueError):
+    """Too few production pages for a drift verdict."""
 
 
 @dataclass
@@ -27,7 +38,19 @@ class SignalDrift:
     psi: float
     ks_statistic: float
     ks_pvalue: float
-    drifted: bool
+    verdict: str  # drift | none | inconclusive
+
+    @property
+    def drifted(self) -> bool:
+        return self.verdict == "drift"
+
+
+def signal_verdict(psi: float, ks_pvalue: float, psi_threshold: float, pvalue_threshold: float) -> str:
+    """``drift`` when both tests say so, ``none`` when neither does, else ``inconclusive``."""
+    psi_says, ks_says = psi > psi_threshold, ks_pvalue < pvalue_threshold
+    if psi_says and ks_says:
+        return "drift"
+    return "inconclusive" if psi_says or ks_says else "none"
 
 
 @dataclass
@@ -35,14 +58,31 @@ class DriftReport:
     n_reference: int
     n_production: int
     signals: list[SignalDrift]
+    psi_threshold: float = PSI_THRESHOLD
+    pvalue_threshold: float = KS_PVALUE_THRESHOLD
 
     @property
     def drifted(self) -> bool:
         return any(s.drifted for s in self.signals)
 
+    @property
+    def verdict(self) -> str:
+        verdicts = {s.verdict for s in self.signals}
+        return "drift" if "drift" in verdicts else "inconclusive" if "inconclusive" in verdicts else "none"
+
+    def summary(self) -> str:
+        """One line: the verdict, then each signal's PSI and KS p beside their thresholds."""
+        parts = [f"{s.signal} PSI {s.psi:.2f} {'>' if s.psi > self.psi_threshold else '<='} {self.psi_threshold:g}, "
+                 f"KS p {s.ks_pvalue:.3f} {'<' if s.ks_pvalue < self.pvalue_threshold else '>='} {self.pvalue_threshold:g}"
+                 f": {s.verdict}" for s in self.signals]
+        return (f"{self.verdict.upper() if self.verdict == 'drift' else self.verdict} on {self.n_production} served pages "
+                f"vs {self.n_reference} reference ({'; '.join(parts)})")
+
     def as_dict(self) -> dict:
         return {"n_reference": self.n_reference, "n_production": self.n_production, "drifted": self.drifted,
-                "signals": [asdict(s) for s in self.signals]}
+                "verdict": self.verdict, "psi_threshold": self.psi_threshold,
+                "pvalue_threshold": self.pvalue_threshold, "summary": self.summary(),
+                "signals": [asdict(s) | {"drifted": s.drifted} for s in self.signals]}
 
     def flat_metrics(self) -> dict[str, float]:
         metrics = {"drift.any": float(self.drifted), "drift.n_production": float(self.n_production)}
@@ -68,15 +108,17 @@ def population_stability_index(reference: np.ndarray, production: np.ndarray, bi
 
 
 def check_drift(
-    reference: dict[str, list[float]], production: dict[str, list[float]], psi_threshold: float = 0.2,
-    pvalue_threshold: float = 0.01, min_production: int = 20,
+    reference: dict[str, list[float]], production: dict[str, list[float]], psi_threshold: float = PSI_THRESHOLD,
+    pvalue_threshold: float = KS_PVALUE_THRESHOLD, min_production: int = MIN_VERDICT_PAGES,
 ) -> DriftReport:
-    """Compare each signal; needs ``min_production`` served pages to say anything."""
+    """Compare each signal; needs ``min_production`` (never fewer than :data:`MIN_VERDICT_PAGES`)
+    served pages to say anything."""
     signals = []
     n_ref = len(next(iter(reference.values()), []))
     n_prod = len(next(iter(production.values()), []))
-    if n_prod < min_production:
-        raise ValueError(f"drift check needs at least {min_production} production pages, got {n_prod}")
+    needed = max(min_production, MIN_VERDICT_PAGES)
+    if n_prod < needed:
+        raise NotEnoughPagesError(f"not enough production pages: {n_prod} < {needed}")
     for name in SIGNALS:
         ref = np.asarray(reference.get(name, []), dtype=float)
         prod = np.asarray(production.get(name, []), dtype=float)
@@ -87,9 +129,10 @@ def check_drift(
         signals.append(SignalDrift(
             signal=name, reference_mean=float(ref.mean()), production_mean=float(prod.mean()), psi=psi,
             ks_statistic=float(ks.statistic), ks_pvalue=float(ks.pvalue),
-            drifted=bool(psi > psi_threshold and ks.pvalue < pvalue_threshold),
+            verdict=signal_verdict(psi, float(ks.pvalue), psi_threshold, pvalue_threshold),
         ))
-    return DriftReport(n_reference=n_ref, n_production=n_prod, signals=signals)
+    return DriftReport(n_reference=n_ref, n_production=n_prod, signals=signals, psi_threshold=psi_threshold,
+                       pvalue_threshold=pvalue_threshold)
 
 
 def reference_from_evaluation(pages: list[dict]) -> dict[str, list[float]]:

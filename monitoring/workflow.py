@@ -9,7 +9,7 @@ import mlflow
 from components.data.page_store import PageDataset
 from components.pipeline import PipelineConfig
 from components.registry import mlflow_registry as registry
-from monitoring.drift import SIGNALS, check_drift, load_reference
+from monitoring.drift import MIN_VERDICT_PAGES, SIGNALS, check_drift, load_reference
 from monitoring.feedback import push_low_confidence_pages
 from monitoring.request_log import RequestLog
 
@@ -28,10 +28,12 @@ def check_production_drift(cfg: PipelineConfig, log: RequestLog, since: float | 
     registry.configure(experiment=f"{cfg.name}-monitoring")
     production = production_signals(log, since)
     n = len(production["mean_confidence"])
-    if n < cfg.monitoring.min_production_pages:
-        return {"checked": False, "reason": f"{n} served pages; need {cfg.monitoring.min_production_pages}"}
+    needed = max(cfg.monitoring.min_production_pages, MIN_VERDICT_PAGES)
+    if n < needed:
+        return {"checked": False, "verdict": None, "reason": f"not enough production pages: {n} < {needed}"}
     reference = load_reference(drift_reference_of(cfg.evaluation.model_name))
     report = check_drift(reference, production, psi_threshold=cfg.monitoring.psi_threshold,
+                         pvalue_threshold=cfg.monitoring.ks_pvalue_threshold,
                          min_production=cfg.monitoring.min_production_pages)
     with mlflow.start_run(run_name="drift-check"):
         mlflow.log_metrics(report.flat_metrics())

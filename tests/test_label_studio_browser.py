@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import time
 import uuid
 from pathlib import Path
@@ -29,6 +30,7 @@ from components.services.labelstudio import TEST_SERVICE_NAME, load_or_create_cr
 pytestmark = pytest.mark.services
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+REAL_PAGES = Path(__file__).parent / "fixtures" / "corpus_pages"  # held-out pages of Debian manuals
 WINDOWS = [(1366, 768), (1400, 1000), (1920, 1080)]
 
 # Where the page image, the box layer drawn over it, the label palette and the bottom toolbar are.
@@ -84,38 +86,88 @@ def _measure(driver, deadline_s: float = 30.0) -> dict:
     raise AssertionError(f"the labelling view did not settle: {last}")
 
 
+MIN_TEXT_PX = 9  # a body text line drawn lower than this is not readable
+
+
+def _scroll_page_panel(driver, to: str) -> None:
+    """Scroll the page's column (the element that scrolls around the page image) to its top or bottom."""
+    driver.execute_script("""
+const page = [...document.querySelectorAll('img')].find(i => i.naturalWidth > 100 && i.getBoundingClientRect().width > 100);
+let panel = page && page.parentElement;
+while (panel && !(panel.scrollHeight > panel.clientHeight + 1 && getComputedStyle(panel).overflowY === 'auto')) panel = panel.parentElement;
+if (panel) panel.scrollTop = arguments[0] === 'bottom' ? panel.scrollHeight : 0;
+""", to)
+
+
+def _queued_page(client, project_id: int, dataset: PageDataset, view: str):
+    page = next(iter(dataset.pages()))
+    queued = queue_pages(client, project_id, dataset, [PagePrediction(page.page_id, page.markup, 0.5, tuple(page.elements))],
+                         "v1", view=view)
+    return page, queued.task_ids[page.page_id]
+
+
+def _body_line_height(page) -> float:
+    """The median height of the page's body text lines, in page pixels (real pages record them)."""
+    heights = [box[3] - box[1] for element, boxes in zip(page.elements, page.meta.get("element_lines", []), strict=False)
+               if element.category == "text" for box in boxes]
+    return statistics.median(heights) if heights else 0.0
+
+
+@pytest.mark.parametrize("kind", ["synthetic", "real"])
 @pytest.mark.parametrize("view", ["blocks", "page"])
-def test_the_whole_page_and_its_boxes_are_in_view(label_studio, browser, tmp_path, view):
-    """Fails if Label Studio draws the page larger than its box layer (the page is then cut on every
-    side and the boxes sit off their text), or if the page or the label palette ends under the
-    bottom toolbar, at 1366x768, 1400x1000 and 1920x1080."""
+def test_the_page_is_readable_and_its_boxes_stay_on_its_text(label_studio, browser, tmp_path, view, kind):
+    """Fails if Label Studio draws the page at another size or place than its box layer (the boxes
+    then sit off their text), if the page is wider than its window, if a real page's body text is
+    drawn under 9 px high (the page shrunk to fit the window's height), if the page's top or the
+    label palette is hidden under the bottom toolbar, or if its bottom cannot be scrolled into view;
+    at 1366x768, 1400x1000 and 1920x1080. ``real``: a page of a Debian manual (1224x1584)."""
     client = connect(label_studio.url, label_studio.api_key)
     project_id = ensure_project(client, f"browser-{uuid.uuid4().hex[:8]}", LABEL_CONFIGS[view])
     try:
-        dataset = PageDataset(tmp_path / "pages")
-        generate_dataset(dataset.root, 1, seed=5, cfg=SyntheticConfig.preset("tiny"))  # 320x416: smaller than the panel
-        page = next(iter(dataset.pages()))
-        queued = queue_pages(client, project_id, dataset, [PagePrediction(page.page_id, page.markup, 0.5, tuple(page.elements))],
-                             "v1", view=view)
+        if kind == "real":
+            source = PageDataset(REAL_PAGES)
+            dataset = PageDataset(tmp_path / "pages")
+            first = source.pages()[0]
+            first.image = dataset.save_image(first.page_id, source.load_image(first))
+            first.meta["preannotation"] = {"model_version": "v1", "markup": first.markup, "confidence": 1.0,
+                                           "extra": {"source": "text-layer"}}
+            dataset.upsert([first])
+        else:
+            dataset = PageDataset(tmp_path / "pages")
+            generate_dataset(dataset.root, 1, seed=5, cfg=SyntheticConfig.preset("tiny"))  # 320x416: smaller than the panel
+        page, task_id = _queued_page(client, project_id, dataset, view)
+        line_height = _body_line_height(page)
+        assert kind == "synthetic" or line_height > 10
         _log_in(browser, label_studio.url)
         shots = os.environ.get("DOCMARKUP_SCREENSHOTS")
         for width, height in WINDOWS:
             browser.set_window_size(width, height)
-            browser.get(f"{label_studio.url}/projects/{project_id}/data?task={queued.task_ids[page.page_id]}")
+            browser.get(f"{label_studio.url}/projects/{project_id}/data?task={task_id}")
             found = _measure(browser)
             image, toolbar = found["page"], found["toolbar"]
             if shots:
                 Path(shots).mkdir(parents=True, exist_ok=True)
-                browser.save_screenshot(str(Path(shots) / f"label_studio_{view}_{width}x{height}.png"))
-            where = f"{view} view at {width}x{height}: {found}"
-            # The box layer is exactly as large as the page image and at the same place.
-            layer = max(found["layers"], key=lambda r: r["w"] * r["h"])
-            assert abs(image["x"] - layer["x"]) <= 2 and abs(image["y"] - layer["y"]) <= 2, where
-            assert abs(image["w"] - layer["w"]) <= 2 and abs(image["h"] - layer["h"]) <= 2, where
+                browser.save_screenshot(str(Path(shots) / f"label_studio_{view}_{kind}_{width}x{height}.png"))
+            where = f"{view} view, {kind} page at {width}x{height}: {found}"
+            if view == "blocks":  # the box layer is exactly as large as the page image and at the same place
+                layer = max(found["layers"], key=lambda r: r["w"] * r["h"])
+                assert abs(image["x"] - layer["x"]) <= 2 and abs(image["y"] - layer["y"]) <= 2, where
+                assert abs(image["w"] - layer["w"]) <= 2 and abs(image["h"] - layer["h"]) <= 2, where
             assert image["w"] / image["h"] == pytest.approx(page.width / page.height, rel=0.02), where
-            # The whole page (and the palette) above the bottom toolbar, nothing left of the panel.
-            assert image["x"] >= 0 and image["y"] >= 0 and image["y"] + image["h"] <= toolbar["y"] + 1, where
+            # The whole width in the window, the top of the page (and the palette) above the toolbar.
+            assert image["x"] >= 0 and image["x"] + image["w"] <= width and 0 <= image["y"] < toolbar["y"] - 100, where
             if view == "blocks":
                 assert found["palette"]["y"] + found["palette"]["h"] <= toolbar["y"], where
+            header = browser.execute_script("return document.body.innerText")
+            assert kind != "real" or "Prefilled: v1 (confidence 0.50); text from the PDF's text layer" in header, where
+            if kind == "real":  # readable: body lines at least MIN_TEXT_PX high on screen
+                on_screen = line_height * image["h"] / page.height
+                assert on_screen >= MIN_TEXT_PX, f"body text {on_screen:.1f} px high; {where}"
+            _scroll_page_panel(browser, "bottom")
+            bottom = _measure(browser)
+            assert bottom["page"]["y"] + bottom["page"]["h"] <= bottom["toolbar"]["y"] + 1, f"bottom out of reach; {bottom}"
+            if view == "blocks":
+                layer = max(bottom["layers"], key=lambda r: r["w"] * r["h"])
+                assert abs(bottom["page"]["y"] - layer["y"]) <= 2, f"boxes left the page when scrolled; {bottom}"
     finally:
         client.projects.delete(id=project_id)

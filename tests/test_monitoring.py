@@ -40,7 +40,7 @@ def test_drift_is_flagged_only_when_production_moves():
 
 def test_drift_check_refuses_tiny_windows_and_missing_reference(tmp_path):
     rng = np.random.default_rng(2)
-    with pytest.raises(ValueError, match="at least 20 production pages"):
+    with pytest.raises(ValueError, match="not enough production pages: 5 < 20"):
         check_drift(_signals(rng, 100, 0.9, 100), _signals(rng, 5, 0.9, 100))
     with pytest.raises(FileNotFoundError, match="no drift reference"):
         load_reference(tmp_path / "missing.json")

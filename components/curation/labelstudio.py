@@ -66,42 +66,43 @@ UNCERTAINTY_SAMPLING = "Uncertainty sampling"
 # them; which model made a task's prediction is in its data (see the module docstring).
 CURRENT_PREDICTION = "current"
 
-# The page's width is capped so its whole height fits the window under the headers and the label
-# palette (~330 px with the bottom toolbar) for portrait pages up to A4's 1:1.41.
-IMAGE_MAX_WIDTH = "calc((100vh - 330px) * 0.72)"
+# Real pages must be readable on a 1366x768 laptop: a 1224x1584 manual page has body lines ~18 px
+# high, so it needs about half scale (>= 9 px on screen). Label Studio fits an image into a box no
+# taller than the window (its inline ``max-height: calc(100vh - 194px)``), which drew such a page at
+# 212x300 px. So the page spans the labelling area's whole width, that cap is lifted (``<Style>``),
+# the page is fitted to the width, and the labelling area scrolls; the editor comes below the page,
+# and the block view's per-box texts are in the region list beside it. The labelling area's image
+# container is found by its class prefix (CSS modules of Label Studio 1.23).
+PAGE_STYLE = """.lsf-main-view .lsf-object [class^="container--"] { max-height: none !important; }"""
 
 
-def _two_column_config(image_extra: str, edit_side: str, image_share: int) -> str:
-    """The page image on the left, the editor on the right. ``$validation_error`` is empty until a
-    submitted correction fails validation; then the reason shows above the page. The header says
-    which prediction was prefilled (model version and confidence). ``image_extra`` (the block
-    view's label palette) sits above the page, where a tall page cannot push it under the toolbar."""
+def _page_first_config(image_extra: str, edit_side: str) -> str:
+    """The page image across the whole labelling area, the editor under it. ``$validation_error``
+    is empty until a submitted correction fails validation; then the reason shows above the page.
+    The header says which prediction was prefilled and where its text came from (the PDF's text
+    layer, OCR with the reason the text layer was not used, or a model, with its confidence).
+    ``image_extra`` (the block view's label palette) sits right above the page."""
     return f"""<View>
+  <Style>{PAGE_STYLE}</Style>
   <View style="color: #b00020; font-weight: bold;">
     <Header value="$validation_error" size="5"/>
   </View>
   <Header value="Prefilled: $prediction_source" size="6"/>
-  <View style="display: flex; gap: 12px; align-items: flex-start;">
-    <View style="flex: 1 1 {image_share}%; min-width: 0;">
-{image_extra}      <Image name="{IMAGE_FIELD}" value="$image" zoom="true" zoomControl="true" maxWidth="{IMAGE_MAX_WIDTH}"/>
-    </View>
-    <View style="flex: 1 1 {100 - image_share}%;">
-{edit_side}      <Header value="How sure are you of this correction?" size="6"/>
-      <Choices name="{CONFIDENCE_FIELD}" toName="{IMAGE_FIELD}" choice="single" showInline="true" required="false">
-        <Choice value="sure"/>
-        <Choice value="unsure"/>
-      </Choices>
-    </View>
-  </View>
+{image_extra}  <Image name="{IMAGE_FIELD}" value="$image" zoom="true" zoomControl="true" maxWidth="100%"/>
+{edit_side}  <Header value="How sure are you of this correction?" size="6"/>
+  <Choices name="{CONFIDENCE_FIELD}" toName="{IMAGE_FIELD}" choice="single" showInline="true" required="false">
+    <Choice value="sure"/>
+    <Choice value="unsure"/>
+  </Choices>
 </View>
 """
 
 
 # The whole page's markup in one text box.
-LABEL_CONFIG = _two_column_config("", f"""      <Header value="Page markup: fix it to match the page (blank line between blocks; tables as HTML)" size="6"/>
-      <TextArea name="{MARKUP_FIELD}" toName="{IMAGE_FIELD}" editable="true" maxSubmissions="1" rows="28"
-                showSubmitButton="false" placeholder="corrected page markup"/>
-""", 50)
+LABEL_CONFIG = _page_first_config("", f"""  <Header value="Page markup: fix it to match the page (blank line between blocks; tables as HTML)" size="6"/>
+  <TextArea name="{MARKUP_FIELD}" toName="{IMAGE_FIELD}" editable="true" maxSubmissions="1" rows="28"
+            showSubmitButton="false" placeholder="corrected page markup"/>
+""")
 
 _CATEGORY_COLOURS = {"title": "#d62728", "text": "#1f77b4", "table": "#2ca02c", "formula": "#9467bd",
                      "code": "#17becf", "header": "#7f7f7f", "footer": "#8c564b", "figure": "#e377c2"}
@@ -109,13 +110,13 @@ _CATEGORY_COLOURS = {"title": "#d62728", "text": "#1f77b4", "table": "#2ca02c", 
 # Label Studio's OCR pattern: the pre-annotation's layout boxes as editable rectangles labelled by
 # category, one transcription per box (``perRegion``); the page markup is rebuilt from the boxes
 # in reading order on export. Headers and footers are boxes without markup (as in OmniDocBench).
-BLOCKS_LABEL_CONFIG = _two_column_config(f"""      <RectangleLabels name="{LAYOUT_FIELD}" toName="{IMAGE_FIELD}" strokeWidth="2">
-{chr(10).join(f'        <Label value="{c}" background="{colour}"/>' for c, colour in _CATEGORY_COLOURS.items())}
-      </RectangleLabels>
-""", f"""      <Header value="Select a box and fix its text (tables as HTML, formulas as LaTeX); draw missing boxes" size="6"/>
-      <TextArea name="{TRANSCRIPTION_FIELD}" toName="{IMAGE_FIELD}" perRegion="true" editable="true" rows="4"
-                displayMode="region-list" placeholder="what this box says"/>
-""", 60)
+BLOCKS_LABEL_CONFIG = _page_first_config(f"""  <Header value="Select a box and fix its text in the region list (tables as HTML, formulas as LaTeX); draw missing boxes" size="6"/>
+  <RectangleLabels name="{LAYOUT_FIELD}" toName="{IMAGE_FIELD}" strokeWidth="2">
+{chr(10).join(f'    <Label value="{c}" background="{colour}"/>' for c, colour in _CATEGORY_COLOURS.items())}
+  </RectangleLabels>
+""", f"""  <TextArea name="{TRANSCRIPTION_FIELD}" toName="{IMAGE_FIELD}" perRegion="true" editable="true" rows="4"
+            displayMode="region-list" placeholder="what this box says"/>
+""")
 LABEL_CONFIGS = {"page": LABEL_CONFIG, "blocks": BLOCKS_LABEL_CONFIG}
 
 PROJECT_DESCRIPTION = (
@@ -474,7 +475,7 @@ def queue_pages(
                     "page_height": pages[p.page_id].height,
                     "confidence": round(float(p.confidence), 6),
                     "model_version": model_version,
-                    "prediction_source": f"{model_version} (confidence {p.confidence:.2f})",
+                    "prediction_source": prediction_source(model_version, p.confidence, pages[p.page_id]),
                     "validation_error": "",
                 },
                 "predictions": [_prediction(p, CURRENT_PREDICTION, pages[p.page_id], view)],
@@ -518,6 +519,21 @@ def _show_current_predictions(client, project_id: int) -> None:
     )
 
 
+def prediction_source(model_version: str, confidence: float, page: Page | None) -> str:
+    """The task header's "Prefilled:" line: who made the prediction, how sure it is, and, for a
+    pre-annotation, where its text came from (the PDF's text layer, or OCR and why not the layer)."""
+    line = f"{model_version} (confidence {confidence:.2f})"
+    record = (page.meta.get("preannotation") if page is not None else None) or {}
+    extra = record.get("extra") or {} if record.get("model_version") == model_version else {}
+    source = extra.get("source")
+    if source == "text-layer":
+        return f"{line}; text from the PDF's text layer"
+    if source:
+        reason = f" (text layer not used: {extra['fallback_reason']})" if extra.get("fallback_reason") else ""
+        return f"{line}; text by {source.replace(':', ' ', 1)}{reason}"
+    return line
+
+
 def _replace_predictions(
     client, project_id: int, already: list[PagePrediction], existing: dict[str, int], model_version: str,
     pages: dict[str, Page], view: str,
@@ -549,7 +565,7 @@ def _replace_predictions(
         _call(client, f"add a prediction to task {task_id}", lambda b=body, t=task_id: client.predictions.create(
             task=t, model_version=b["model_version"], score=b["score"], result=b["result"]))
         data |= {"confidence": round(float(fresh.confidence), 6), "model_version": model_version,
-                 "prediction_source": f"{model_version} (confidence {fresh.confidence:.2f})",
+                 "prediction_source": prediction_source(model_version, fresh.confidence, pages.get(fresh.page_id)),
                  "prediction_history": history}
         _call(client, f"update task {task_id}", lambda d=data, t=task_id: client.tasks.update(id=t, data=d))
         replaced.append(fresh.page_id)

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from components.curation.preannotate.base import META_KEY, PreAnnotation
 from components.data.pages import Page
-
-TRUTH_KEY = "truth"  # page.meta key: where the page's target came from
+from components.data.provenance import PREANNOTATION, TEXT_LAYER, TRUTH_KEY, truth_of
 
 
 @dataclass
@@ -33,8 +32,7 @@ def page_with_target(page: Page, report: TargetReport | None = None) -> Page | N
     """``page`` with the markup it is trained and scored against, or None when it has none."""
     report = report if report is not None else TargetReport()
     if page.markup.strip():
-        truth = page.meta.get(TRUTH_KEY) or ("correction" if page.meta.get("correction") else page.source.split(":")[0])
-        report.kept[truth] += 1
+        report.kept[truth_of(page)] += 1
         return page
     record = page.meta.get(META_KEY)
     if not isinstance(record, dict):
@@ -44,7 +42,11 @@ def page_with_target(page: Page, report: TargetReport | None = None) -> Page | N
     if not annotation.markup.strip():
         report.dropped["only page furniture" if annotation.elements else "empty pre-annotation"] += 1
         return None
-    truth = f"preannotation:{annotation.model_version}"
-    report.kept["preannotation"] += 1
+    # the text layer (pdf-text / auto) is exact; anything else a model or OCR engine wrote is silver
+    source = annotation.extra.get("source")
+    truth = TEXT_LAYER if source == TEXT_LAYER else f"{PREANNOTATION}:{annotation.model_version}"
+    if source and source.startswith("ocr:"):
+        truth = f"{PREANNOTATION}:{source.removeprefix('ocr:')}"
+    report.kept[TEXT_LAYER if truth == TEXT_LAYER else PREANNOTATION] += 1
     return replace(page, elements=list(annotation.elements), markup_override=annotation.markup,
                    meta={**page.meta, TRUTH_KEY: truth})

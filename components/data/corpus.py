@@ -98,7 +98,8 @@ def document_split(package: str, pdf: Path, document_id: str) -> str:
     return "val" if fraction < VAL_FRACTION else "train"
 
 
-def _unusable(lines: list[TextLine]) -> str | None:
+def text_layer_problem(lines: list[TextLine]) -> str | None:
+    """Why a page's text layer cannot be its truth (no text, unmapped glyphs), or None."""
     text = "".join(line.text for line in lines)
     if not text:
         return "no text layer"
@@ -241,7 +242,7 @@ def build_corpus(packages: list[str], out: Path, *, cache: Path, dpi: float = DE
                     continue
                 try:
                     lines = lines_of(index)
-                    problem = _unusable(lines)
+                    problem = text_layer_problem(lines)
                     if problem:
                         report.skipped[problem] += 1
                         continue

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from components.data.page_store import PageDataset
 from components.data.pages import Page
+from components.data.provenance import describe_truth, truth_counts, truth_of, written_by
 from components.data.seeds import seen_seeds, synthetic_seeds
 from components.decoding.engine import DecodingEngine, decode_stats_summary
 from components.decoding.types import DECODERS, DecodeParams, DecodeResult
@@ -58,6 +60,16 @@ class EvaluationReport:
     # Pages left out because they have no ground truth (imported, never pre-annotated or corrected):
     # scoring them against the empty string would report 0 for a model that may read them well.
     refused_no_truth: int = 0
+    # Pages left out because the model under test (or one it descends from) wrote their truth.
+    refused_own_output: int = 0
+    truth: dict[str, int] = field(default_factory=dict)  # provenance of the scored pages' truth -> pages
+
+    @property
+    def truth_line(self) -> str:
+        """What the scores rest on, e.g. ``truth: text-layer 3, correction 1 (2 pages refused: ...)``."""
+        refused = (f" ({self.refused_own_output} pages refused: their truth is the model's own output)"
+                   if self.refused_own_output else "")
+        return f"truth: {describe_truth(self.truth)}{refused}"
 
     def ratios(self) -> dict[str, dict[str, float]]:
         """Per decoder: speedups over AR (>1 = faster) and score delta (points of Overall)."""
@@ -77,6 +89,8 @@ class EvaluationReport:
         return {
             "n_pages": self.n_pages,
             "refused_no_truth": self.refused_no_truth,
+            "refused_own_output": self.refused_own_output,
+            "truth": dict(self.truth),
             "baseline": self.baseline,
             "formula_metric": next(iter(self.decoders.values())).formula_metric,
             "decoders": {
@@ -106,7 +120,7 @@ class EvaluationReport:
         """A fixed-width table for terminals and logs."""
         ratios = self.ratios()
         header = f"{'decoder':<8} {'overall':>8} {'text_ed':>8} {'TEDS':>6} {'form_ed':>8} {'CDM':>6} {'fwd/page':>9} {'TPF':>6} {'tok/s':>8} {'fwd x':>7} {'tok/s x':>8} {'=AR':>5}"
-        lines = [f"Overall's formula term: {self.formula_metric_label}", header, "-" * len(header)]
+        lines = [f"Overall's formula term: {self.formula_metric_label}; {self.truth_line}", header, "-" * len(header)]
         for name, ev in self.decoders.items():
             s, r = ev.scores, ratios[name]
             lines.append(
@@ -174,6 +188,10 @@ def token_budget(engine: DecodingEngine, pages: Sequence[Page], margin: float = 
     wanted = math.ceil(max(lengths) * margin / multiple) * multiple
     return TokenBudget(max_new_tokens=max(1, min(room, wanted)), longest_target=max(lengths), room=room,
                        too_long=sum(length > room for length in lengths))
+
+
+class OwnOutputTruthError(ValueError):
+    """Every page's truth was written by the model under test (or its lineage)."""
 
 
 class NoGroundTruthError(ValueError):
@@ -255,18 +273,22 @@ def merge_reports(reports: Sequence[EvaluationReport]) -> EvaluationReport:
         decoders[name] = _decoder_evaluation(
             name, first.params, [row["page_id"] for part in parts for row in part.pages], [s for part in parts for s in part.page_scores],
             [r for part in parts for r in part.results], sum(part.wall_seconds for part in parts), first.formula_metric)
+    truth = sum((Counter(report.truth) for report in reports), Counter())
     return EvaluationReport(n_pages=sum(report.n_pages for report in reports), decoders=decoders,
                             baseline=reports[0].baseline,
-                            refused_no_truth=sum(report.refused_no_truth for report in reports))
+                            refused_no_truth=sum(report.refused_no_truth for report in reports),
+                            refused_own_output=sum(report.refused_own_output for report in reports),
+                            truth=dict(truth.most_common()))
 
 
 def evaluate_decoders(
     engine: DecodingEngine, dataset: PageDataset, decoders: Sequence[DecodeParams] | None = None,
     limit: int | None = None, batch_size: int = 1, pages: Sequence[Page] | None = None,
-    parsing: ParseSettings | None = None, formula_metric: str = "auto",
+    parsing: ParseSettings | None = None, formula_metric: str = "auto", lineage: Collection[str] = (),
 ) -> EvaluationReport:
     """Run each decoder on the same pages (``pages``, else the first ``limit`` of the store);
-    AR is always included as the baseline."""
+    AR is always included as the baseline. Pages whose truth a model of ``lineage`` (weight
+    fingerprints: :func:`components.data.provenance.model_lineage`) wrote are refused."""
     decoders = list(decoders or [DecodeParams(decoder=name) for name in DECODERS])
     if not any(p.decoder == "ar" for p in decoders):
         decoders.insert(0, DecodeParams(decoder="ar", max_new_tokens=decoders[0].max_new_tokens))
@@ -274,12 +296,23 @@ def evaluate_decoders(
     if len(set(names)) != len(names):
         raise ValueError(f"each decoder may appear once per report, got {names}")
     offered = list(pages if pages is not None else dataset.iter_pages(page_ids=dataset.ids(limit=limit)))
-    pages = [page for page in offered if page.markup.strip()]
-    refused = len(offered) - len(pages)
-    if not pages:
+    with_truth = [page for page in offered if page.markup.strip()]
+    refused = len(offered) - len(with_truth)
+    if not with_truth:
         raise NoGroundTruthError(
             f"none of the {len(offered)} pages of {dataset.root} has ground truth (no markup, correction or "
             "pre-annotation); pre-annotate or correct them before evaluating")
+    pages = [page for page in with_truth if not written_by(truth_of(page), lineage)]
+    own = len(with_truth) - len(pages)
+    if own:
+        writers = sorted({truth_of(page) for page in with_truth} - {truth_of(page) for page in pages})
+        print(f"[evaluate] refused {own} of {len(with_truth)} pages: their truth ({', '.join(writers)}) was written "
+              "by the model under test or a model it descends from", flush=True)
+    if not pages:
+        raise OwnOutputTruthError(
+            f"all {len(with_truth)} pages of {dataset.root} with truth were pre-annotated by the model under test or its "
+            "lineage: there is nothing independent to score it against; correct pages in Label Studio or pre-annotate "
+            "with the text layer (backend auto) or another model")
     if refused:
         print(f"[evaluate] {refused} of {len(offered)} pages of {dataset.root} have no ground truth; left out", flush=True)
     formula_metric = resolve_formula_metric(formula_metric)  # once, so every decoder is scored alike
@@ -290,7 +323,8 @@ def evaluate_decoders(
         if cut:
             print(f"[evaluate] {params.decoder}: {cut} of {len(pages)} pages stopped at max_new_tokens={params.max_new_tokens} "
                   "or the model's positions before <eos>; their scores count the missing rest", flush=True)
-    return EvaluationReport(n_pages=len(pages), decoders=evaluations, refused_no_truth=refused)
+    return EvaluationReport(n_pages=len(pages), decoders=evaluations, refused_no_truth=refused,
+                            refused_own_output=own, truth=truth_counts(pages))
 
 
 def plot_score_vs_speed(report: EvaluationReport, path: str | Path) -> Path:

@@ -9,6 +9,7 @@ from pathlib import Path
 import mlflow
 
 from components.data.page_store import PageDataset
+from components.data.provenance import describe_truth, model_lineage, truth_kinds
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
 from components.evaluation.evaluate import (
@@ -55,6 +56,14 @@ def parse_settings(cfg: PipelineConfig, model_dir: Path) -> ParseSettings:
     return ParseSettings(resolve_parse(cfg.evaluation.parse, model_dir), cfg.evaluation.layout)
 
 
+def evaluation_lineage(cfg: PipelineConfig, model_dir: Path) -> set[str]:
+    """Weights whose pre-annotations cannot grade ``model_dir``: its own, its ancestors', and those
+    of the checkpoint the chain started from (the first challenger's baseline)."""
+    from components.training.stages import starting_checkpoint
+
+    return model_lineage(model_dir) | model_lineage(starting_checkpoint(cfg))
+
+
 def evaluation_units(cfg: PipelineConfig, model_dir: Path) -> list[dict]:
     """One unit per shard of the evaluation store (the first ``max_pages`` pages), once the store is
     known to hold no page the model was trained on."""
@@ -75,7 +84,8 @@ def evaluate_shard(cfg: PipelineConfig, model_dir: Path, unit: dict) -> Evaluati
     pages = dataset.unit_pages(unit)
     return evaluate_decoders(DecodingEngine.from_pretrained(model_dir), dataset,
                              decoder_params(cfg, unit.get("max_new_tokens")), pages=pages,
-                             parsing=parse_settings(cfg, model_dir), formula_metric=cfg.evaluation.formula_metric)
+                             parsing=parse_settings(cfg, model_dir), formula_metric=cfg.evaluation.formula_metric,
+                             lineage=evaluation_lineage(cfg, model_dir))
 
 
 def evaluate_model(cfg: PipelineConfig, model_dir: Path, reports: list[EvaluationReport] | None = None) -> EvaluationReport:
@@ -99,12 +109,14 @@ def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version:
     experiment_id = registry.configure(experiment=f"{cfg.name}-evaluation")
     report = evaluate_model(cfg, model_dir, reports)
     params = {"model_dir": str(model_dir), "parse": parse_settings(cfg, model_dir).mode,
+              "refused_own_output": report.refused_own_output,
+              **{f"truth.{kind}": n for kind, n in truth_kinds(report.truth).items()},
               "layout": cfg.evaluation.layout, "split": cfg.evaluation.pages_dir or cfg.evaluation.split, "n_pages": report.n_pages,
               "refused_no_truth": report.refused_no_truth,
               "formula_metric": next(iter(report.decoders.values())).formula_metric,
               **{f"decoder.{name}": ev.params for name, ev in report.decoders.items()},
               **{f"train.{k}": v for k, v in (training or {}).items()}}
-    tags = {f"data.{k}": str(v) for k, v in (data_version or {}).items()}
+    tags = {f"data.{k}": str(v) for k, v in (data_version or {}).items()} | {"truth": describe_truth(report.truth)}
     # The decoders ran before this step (in per-shard tasks): the run starts when they started.
     started_at = time.time() - sum(ev.wall_seconds for ev in report.decoders.values())
     run_id = log_report(report, model_dir, params=params, data_version=(data_version or {}).get("md5"), tags=tags,
@@ -113,23 +125,54 @@ def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version:
         reference = save_reference(report.decoders["ar"].pages, Path(tmp) / "drift_reference.json")
         mlflow.log_artifact(str(reference), artifact_path="evaluation")
     gates = registry.Gates(**cfg.evaluation.gates.model_dump())
+    truth = describe_truth(report.truth)
+    common = {"run_id": run_id, "model_name": cfg.evaluation.model_name, "refused_no_truth": report.refused_no_truth,
+              "refused_own_output": report.refused_own_output, "truth": report.truth, "truth_line": report.truth_line,
+              "table": report.table(), "ratios": report.ratios(), "tracking_uri": mlflow.get_tracking_uri(),
+              "sample": sample_page(report, PageDataset(cfg.evaluation_dir))}
+    same_as = unchanged_from(cfg, model_dir)
+    if same_as is not None:  # no stage kept a change: nothing to register, promote or deploy
+        reason = f"nothing new to promote: the weights are those of {same_as}"
+        print(f"[evaluate] {reason}; no version registered", flush=True)
+        with mlflow.start_run(run_id=run_id):
+            mlflow.set_tag("unchanged_from", same_as)
+        return {**common, "version": None, "promoted": False, "unchanged": True, "gate_failures": [reason],
+                "previous_champion": None, "gate_metric": None, "baseline": same_as, "baseline_score": None,
+                "score": None}
     baseline_label, baseline = baseline_metrics(cfg, report, gates.score_decoder)
     if baseline is not None:  # both scores side by side on the challenger's run
         with mlflow.start_run(run_id=run_id):
             mlflow.log_metrics({f"baseline.{key}": value for key, value in baseline.items()})
             mlflow.set_tag("baseline", baseline_label)
-    version = registry.register_version(run_id, cfg.evaluation.model_name, description=f"evaluated on {report.n_pages} pages")
+    version = registry.register_version(run_id, cfg.evaluation.model_name,
+                                        description=f"evaluated on {report.n_pages} pages; truth: {truth}")
     decision = registry.promote_if_passing(cfg.evaluation.model_name, version, gates, baseline=baseline,
                                            baseline_label=baseline_label)
     return {
-        "run_id": run_id, "model_name": cfg.evaluation.model_name, "version": version, "promoted": decision.passed,
+        **common, "version": version, "promoted": decision.passed, "unchanged": False,
         "gate_failures": decision.reasons, "previous_champion": decision.previous_champion,
-        "gate_metric": decision.score_metric, "refused_no_truth": report.refused_no_truth,
+        "gate_metric": decision.score_metric,
         "baseline": baseline_label, "baseline_score": (baseline or {}).get(decision.score_metric or ""),
         "score": report.flat_metrics().get(decision.score_metric or ""),
-        "table": report.table(), "ratios": report.ratios(), "tracking_uri": mlflow.get_tracking_uri(),
-        "sample": sample_page(report, PageDataset(cfg.evaluation_dir)),
     }
+
+
+def unchanged_from(cfg: PipelineConfig, model_dir: Path) -> str | None:
+    """The incumbent whose weights ``model_dir`` holds byte for byte (the champion, else the
+    checkpoint the chain started from), or None when the weights are new."""
+    from components.training.stages import starting_checkpoint
+    from models.loading import model_fingerprint
+
+    fingerprint = model_fingerprint(model_dir)
+    holder = registry.champion(cfg.evaluation.model_name)
+    if holder is not None:
+        folder = registry.download_model(f"models:/{cfg.evaluation.model_name}/{holder.version}")
+        if model_fingerprint(folder) == fingerprint:
+            return f"champion v{holder.version}"
+    start = starting_checkpoint(cfg)
+    if start is not None and model_fingerprint(start) == fingerprint:
+        return f"starting checkpoint {start}"
+    return None
 
 
 def baseline_metrics(cfg: PipelineConfig, report: EvaluationReport, decoder: str) -> tuple[str | None, dict | None]:

@@ -1,10 +1,12 @@
 """Start, stop and inspect the project's local services, all on 127.0.0.1 and stopped by PID.
 
-    ./run services start labelstudio|triton|mlflow|prefect [...]
+    ./run services start labelstudio|triton|mlflow|prefect [...] [--port N]
     ./run services stop name [...] | --all
     ./run services status [name ...]
 
-Starting a service that already runs says so and succeeds.
+Starting a service that already runs says so and succeeds; a port another process holds fails
+with the port named. ``--port`` moves one service off its default port (Prefect: 4200, the
+pipeline config's ``execution.prefect_port``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def start(name: str) -> str:
         from components.registry.mlflow_registry import default_tracking_uri
         from deploy.triton.server import TritonPorts, start_triton
 
-        server = start_triton(ports=TritonPorts(8000, 8001, 8002), tracking_uri=default_tracking_uri())
+        server = start_triton(ports=TritonPorts(PORTS["triton"], PORTS["triton"] + 1, PORTS["triton"] + 2), tracking_uri=default_tracking_uri())
         return f"Triton http {server.http_url} grpc {server.grpc_url} metrics {server.metrics_url} (models:/docmarkup@champion)"
     _service(name).start()
     return f"{name} http://{LOOPBACK}:{PORTS[name]}"
@@ -62,7 +64,7 @@ def stop(name: str) -> bool:
         repository = TRITON_VAR / DEFAULT_SERVICE_NAME / "model_repository"
         if not repository.is_dir():
             return False
-        return triton_server(repository, ports=TritonPorts(8000, 8001, 8002)).stop()
+        return triton_server(repository, ports=TritonPorts(PORTS["triton"], PORTS["triton"] + 1, PORTS["triton"] + 2)).stop()
     if name == "labelstudio":
         from components.services.labelstudio import stop_label_studio
 
@@ -75,7 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["start", "stop", "status"])
     parser.add_argument("names", nargs="*", choices=[[], *SERVICES], default=[])
     parser.add_argument("--all", action="store_true", help="every service (stop/status)")
+    parser.add_argument("--port", type=int, help="the port of the one service named (default: " +
+                        ", ".join(f"{name} {port}" for name, port in PORTS.items()) + ")")
     args = parser.parse_args(argv)
+    if args.port is not None:
+        if len(args.names) != 1:
+            parser.error("--port needs exactly one service name")
+        PORTS[args.names[0]] = args.port
     names = list(SERVICES) if args.all or (args.action == "status" and not args.names) else args.names
     if args.all and args.action == "start":
         parser.error("start takes service names, not --all")

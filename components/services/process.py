@@ -106,6 +106,7 @@ class ManagedService:
     cwd: Path | None = None
     startup_timeout_s: float = 120.0
     secrets: Sequence[str] = ()  # values never written to the log (redacted from the command line)
+    ports: Sequence[int] = ()  # where it listens: each must be free before it starts
 
     @property
     def state_dir(self) -> Path:
@@ -148,6 +149,10 @@ class ManagedService:
             return pid
         if pid is not None:
             self.stop()
+        busy = [port for port in self.ports if port_open(port)]
+        if busy:  # another server holds it: starting would "succeed" against the wrong process or die later
+            raise ServiceError(f"{self.name} cannot start: port {', '.join(map(str, busy))} on {LOOPBACK} is already "
+                               "in use by another process; stop it or configure another port")
         private_dir(self.state_dir)
         self._scrub_log()
         env = {**os.environ, **self.env}

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from components.data.pages import atomic_write_text
+from components.data.provenance import LINEAGE_KEY, model_lineage
 from components.data.seeds import seed_ranges, seen_seeds, synthetic_seeds
 from components.parsing.prompts import style_for_model
 from components.training import runtime
@@ -358,6 +359,9 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
                 + (synthetic_seeds(config.path(config.data.hard_examples)) if config.data.hard_examples else []),
                 also=seen_seeds(source)),
             "init_model": str(source),
+            # fingerprints of the weights it started from and their ancestors: evaluation refuses
+            # pages whose truth one of them wrote (components.data.provenance)
+            LINEAGE_KEY: sorted(model_lineage(source)),
             "objectives": config.active_objectives,
             "unit": config.data.unit,  # what the model reads: whole pages, or element crops (two-stage parsing)
             "final_metrics": history[-1] if history else None,

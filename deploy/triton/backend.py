@@ -137,7 +137,7 @@ class TritonPythonModel:
         self.engine = None
 
     # ---------------------------------------------------------------------------------------
-    def _parse(self, request) -> tuple[DecodeParams, object, bytes, str]:
+    def _parse(self, request) -> tuple[DecodeParams, object, bytes, str, bool]:
         inputs = {name: request_input(request, name) for name in protocol.INPUT_NAMES}
         params = protocol.decode_params_from_inputs(
             inputs, default_decoder=self.default_decoder, max_new_tokens_limit=self.max_new_tokens_limit
@@ -148,7 +148,7 @@ class TritonPythonModel:
         except ValueError as exc:
             raise protocol.RequestError(str(exc)) from exc
         image_bytes = protocol.image_bytes_from_input(inputs[protocol.IMAGE_INPUT])
-        return params, protocol.load_page_input(image_bytes), image_bytes, mode
+        return params, protocol.load_page_input(image_bytes), image_bytes, mode, protocol.probe_from_inputs(inputs)
 
     def _read(self, images: list, params: DecodeParams, mode: str) -> list[DecodeResult]:
         """Whole pages (one engine call), or two-stage parses whose elements form one engine batch."""
@@ -173,9 +173,11 @@ class TritonPythonModel:
 
     def _record_answered(self, params: DecodeParams, stats: DecodeStats | protocol.StreamAccounting, *, text: str,
                          finished: bool, truncated: bool, image_bytes: bytes, latency: float,
-                         elements: list[dict] | None = None) -> None:
+                         elements: list[dict] | None = None, probe: bool = False) -> None:
         """Metrics and the production request log (drift checks, low-confidence feedback) of a page
-        answered in full."""
+        answered in full; the platform's own probes are not production and leave no record."""
+        if probe:
+            return
         self._record_decoding(params.decoder, stats)
         self.metrics.record_request(params.decoder, protocol.outcome_of(finished, truncated), latency)
         try:
@@ -243,7 +245,8 @@ class TritonPythonModel:
                 continue
             latency = time.perf_counter() - started
             for i, result in zip(group, results, strict=True):
-                responses[i] = self._page_response(result, params, parsed[i][2], latency, batch_size=len(group))
+                responses[i] = self._page_response(result, params, parsed[i][2], latency, batch_size=len(group),
+                                                   probe=parsed[i][4])
         return responses
 
     def _lead(self) -> tuple[int, ...]:
@@ -251,10 +254,10 @@ class TritonPythonModel:
         return (1,) if self.max_batch_size > 0 else ()
 
     def _page_response(self, result, params: DecodeParams, image_bytes: bytes, latency: float,
-                       batch_size: int) -> pb_utils.InferenceResponse:
+                       batch_size: int, probe: bool = False) -> pb_utils.InferenceResponse:
         self._record_answered(params, result.stats, text=result.text, finished=result.finished,
                               truncated=result.truncated, image_bytes=image_bytes, latency=latency,
-                              elements=served_elements(result.parse))
+                              elements=served_elements(result.parse), probe=probe)
         payload = protocol.result_stats(result, params, self.model_info, latency) | {"batch_size": batch_size}
         lead = self._lead()
         return pb_utils.InferenceResponse(output_tensors=[
@@ -327,7 +330,7 @@ class TritonPythonModel:
                     if event.token_ids:  # forwards that only decided (block decoding) send nothing
                         page.sender.send(self._commit_response(event))
                     if event.finished or event.truncated:
-                        self._close_finished(page, params, parsed[event.row][2], started, len(pages))
+                        self._close_finished(page, params, parsed[event.row], started, len(pages))
                 if all(other.closed for other in pages):
                     break
         except Exception as exc:
@@ -342,7 +345,7 @@ class TritonPythonModel:
             events.close()  # stops the engine's loop: cancelled pages cost no more forwards
         for page, entry in zip(pages, parsed, strict=True):  # no last event for a page: close it, never hang
             if not page.closed:
-                self._close_finished(page, params, entry[2], started, len(pages))
+                self._close_finished(page, params, entry, started, len(pages))
 
     def _element_events(self, images: list, params: DecodeParams, pages: list[_StreamedPage]) -> Iterator[CommitEvent]:
         """Element mode on the stream: the pages are parsed (all elements one batch), then each page
@@ -375,14 +378,14 @@ class TritonPythonModel:
         except Exception as exc:
             self.logger.log_warn(f"{self.model_name}: could not close a cancelled request: {exc}")
 
-    def _close_finished(self, page: _StreamedPage, params: DecodeParams, image_bytes: bytes, started: float,
+    def _close_finished(self, page: _StreamedPage, params: DecodeParams, parsed: tuple, started: float,
                         batch_size: int) -> None:
         page.closed = True
         latency = time.perf_counter() - started
         accounting = page.accounting
         self._record_answered(params, accounting, text="".join(page.text), finished=accounting.finished,
-                              truncated=accounting.truncated, image_bytes=image_bytes, latency=latency,
-                              elements=page.elements)
+                              truncated=accounting.truncated, image_bytes=parsed[2], latency=latency,
+                              elements=page.elements, probe=parsed[4])
         payload = accounting.as_dict(params, self.model_info, latency, cancelled=False) | {"batch_size": batch_size}
         page.sender.send(self._final_response(accounting, payload), flags=FINAL)
 

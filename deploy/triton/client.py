@@ -36,7 +36,7 @@ from tritonclient.utils import InferenceServerException
 from deploy.triton import protocol
 from deploy.triton.repository import MODEL_NAME, STREAM_MODEL_NAME
 
-_NUMPY_TYPES = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64}
+_NUMPY_TYPES = {"BYTES": np.object_, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_}
 
 
 class TritonUnavailableError(ConnectionError):
@@ -83,12 +83,13 @@ def request_values(image: bytes | str | Path | Image.Image, **options: Any) -> d
     """Input name -> one-element array, for the image and every option that is not None."""
     fields = {field_name: input_name for input_name, (field_name, _) in protocol.PARAMETER_INPUTS.items()}
     fields["parse"] = protocol.PARSE_INPUT  # page | elements
+    fields["probe"] = protocol.PROBE_INPUT  # True: the platform's own request, kept out of production records
     unknown = set(options) - set(fields)
     if unknown:
         raise TypeError(f"unknown decoding options {sorted(unknown)}; expected {sorted(fields)}")
     values = {protocol.IMAGE_INPUT: np.array([encode_image(image)], dtype=np.object_)}
     for field_name, value in options.items():
-        if value is None:
+        if value is None or (field_name == "probe" and not value):
             continue
         name = fields[field_name]
         kind = _NUMPY_TYPES[protocol.INPUT_DATATYPES[name]]
@@ -225,12 +226,15 @@ class DocMarkupClient:
     def transcribe(self, image: bytes | str | Path | Image.Image, *, decoder: str | None = None,
                    threshold: float | None = None, window: int | None = None, block_length: int | None = None,
                    span: int | None = None, max_new_tokens: int | None = None, temperature: float | None = None,
-                   top_k: int | None = None, seed: int | None = None, parse: str | None = None) -> Transcription:
+                   top_k: int | None = None, seed: int | None = None, parse: str | None = None,
+                   probe: bool = False) -> Transcription:
         """Decode one page over HTTP and return its markup with the decoding stats (with
-        ``parse="elements"``, a two-stage parse: ``stats["elements"]`` lists every element)."""
+        ``parse="elements"``, a two-stage parse: ``stats["elements"]`` lists every element).
+        ``probe``: the platform's own request (a deploy check, a smoke test), kept out of the
+        request log, the production metrics, drift checks and the annotators' queue."""
         values = request_values(image, decoder=decoder, threshold=threshold, window=window, block_length=block_length,
                                 span=span, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
-                                parse=parse)
+                                parse=parse, probe=probe)
         client = self._http()
         outputs = [httpclient.InferRequestedOutput(name, binary_data=True)
                    for name in (protocol.TEXT_OUTPUT, protocol.TOKEN_IDS_OUTPUT, protocol.STATS_OUTPUT)]

@@ -54,14 +54,18 @@ PARAMETER_INPUTS: dict[str, tuple[str, type]] = {
     "SEED": ("seed", int),
 }
 PARSE_INPUT = "PARSE"
-INPUT_NAMES = (IMAGE_INPUT, *PARAMETER_INPUTS, PARSE_INPUT)
+# A request the platform makes of itself (deploy's version check, smoke tests, health probes): it is
+# answered like any other but never reaches the request log, the production metrics, the drift
+# check or the annotators' queue.
+PROBE_INPUT = "PROBE"
+INPUT_NAMES = (IMAGE_INPUT, *PARAMETER_INPUTS, PARSE_INPUT, PROBE_INPUT)
 DECODER_INPUT = "DECODER"
 PARSE_MODES = ("page", "elements")
 # Triton datatypes of the inputs, for clients.
 INPUT_DATATYPES = {
     IMAGE_INPUT: "BYTES", "DECODER": "BYTES", "THRESHOLD": "FP32", "WINDOW": "INT32", "BLOCK_LENGTH": "INT32",
     "SPAN": "INT32", "MAX_NEW_TOKENS": "INT32", "TEMPERATURE": "FP32", "TOP_K": "INT32", "SEED": "INT64",
-    PARSE_INPUT: "BYTES",
+    PARSE_INPUT: "BYTES", PROBE_INPUT: "BOOL",
 }
 TEXT_OUTPUT, TOKEN_IDS_OUTPUT, STATS_OUTPUT = "TEXT", "TOKEN_IDS", "STATS"
 CONFIDENCES_OUTPUT, FORWARD_PASS_OUTPUT = "CONFIDENCES", "FORWARD_PASS"
@@ -117,6 +121,12 @@ def parse_mode_from_inputs(inputs: Mapping[str, np.ndarray | None], default: str
     if mode not in PARSE_MODES:
         raise RequestError(f"PARSE must be one of {', '.join(PARSE_MODES)}; got {mode!r}")
     return mode
+
+
+def probe_from_inputs(inputs: Mapping[str, np.ndarray | None]) -> bool:
+    """Whether the request is one of the platform's own probes (``PROBE`` true)."""
+    array = inputs.get(PROBE_INPUT)
+    return array is not None and bool(np.asarray(array).reshape(-1)[:1].any())
 
 
 def requested_decoder(array: np.ndarray | None, default: str) -> str:

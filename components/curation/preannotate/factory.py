@@ -15,6 +15,7 @@ from components.curation.preannotate.paddle_pipeline import (
     PaddleOCRVLPipelineConfig,
 )
 from components.curation.preannotate.paddle_server import PaddleOCRVLServerAnnotator, PaddleOCRVLServerConfig
+from components.curation.preannotate.pdf_text import AutoAnnotator, PdfTextAnnotator, PdfTextConfig
 from components.curation.preannotate.rapidocr import RapidOCRAnnotator, RapidOCRConfig
 
 # ---------------------------------------------------------------------------------------------
@@ -22,6 +23,8 @@ from components.curation.preannotate.rapidocr import RapidOCRAnnotator, RapidOCR
 
 BACKENDS: dict[str, tuple[type, type]] = {
     "rapidocr": (RapidOCRAnnotator, RapidOCRConfig),
+    "pdf-text": (PdfTextAnnotator, PdfTextConfig),
+    "auto": (AutoAnnotator, PdfTextConfig),
     "model": (ModelAnnotator, ModelAnnotatorConfig),
     "paddleocr_vl_transformers": (ModelAnnotator, PaddleOCRVLTransformersConfig),
     "paddleocr_vl_server": (PaddleOCRVLServerAnnotator, PaddleOCRVLServerConfig),
@@ -47,4 +50,9 @@ def make_preannotator(config: dict | None = None) -> PreAnnotator:
     settings = config_cls(**config)
     if annotator_cls is ModelAnnotator:  # the engine-backed backends
         return ModelAnnotator.from_config(settings)
+    if annotator_cls is AutoAnnotator:  # the text layer, else this OCR backend
+        fallback = dict(settings.fallback or {"backend": DEFAULT_BACKEND})
+        if fallback.get("backend") in ("auto", "pdf-text"):
+            raise ValueError("the auto backend's fallback must read pixels (rapidocr, model, ...), not the text layer")
+        return AutoAnnotator(settings, make_preannotator(fallback))
     return annotator_cls(settings)

@@ -117,7 +117,9 @@ def preannotate_dataset(
                 continue
             try:
                 image = dataset.load_image(page)
-                annotation = annotator.annotate(image, page.page_id)
+                # backends that read more than pixels (a PDF's text layer) get the page record too
+                annotate_page = getattr(annotator, "annotate_page", None)
+                annotation = annotate_page(page, image) if annotate_page else annotator.annotate(image, page.page_id)
             except (InvalidPageError, PageAnnotationError) as exc:
                 report.failed[page.page_id] = str(exc)
                 logger.warning("pre-annotation skipped page %s: %s", page.page_id, exc)

@@ -1,0 +1,154 @@
+"""Pre-annotation from a born-digital PDF's own text layer, with OCR where a page has none.
+
+A page imported from a PDF (:func:`components.data.pdf.import_pdfs` records ``pdf_path``,
+``page_number`` and ``render_dpi``) carries every character with its box in the PDF itself: that
+is exact, and independent of any model we train, so it is the best truth a page can have short of
+an annotator. The elements are built as the corpus builds them (:func:`components.data.corpus.page_elements`:
+titles by font size, code from monospace runs with its indentation, running heads and folios as
+layout-only furniture).
+
+Two backends:
+
+- ``pdf-text``: the text layer only; a page without a usable one is refused with the reason.
+- ``auto`` (the default for ``ingest.pdf_dir``): the text layer where it is usable, else the
+  ``fallback`` OCR backend (RapidOCR by default), page by page. The reason for a fallback is
+  logged and stored on the page's pre-annotation (``extra["fallback_reason"]``), and
+  ``extra["source"]`` says where the page's text came from (``text-layer`` or ``ocr:<version>``).
+
+A text layer is unusable when the page has no PDF behind it (an image), the PDF is gone, the layer
+is empty or its glyphs have no Unicode (no ToUnicode map), or its lines cover too little of the
+page's ink (a scan with an OCR layer that is off, a rotated page, a page of pictures).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from components.curation.preannotate.base import PageAnnotationError, PreAnnotation, PreAnnotator
+from components.data.corpus import page_elements, text_layer_problem
+from components.data.pages import Page
+from components.data.text_layer import page_truth, text_layer_lines
+
+logger = logging.getLogger(__name__)
+
+TEXT_LAYER_VERSION = "pdf-text-v1"
+TEXT_LAYER_SOURCE = "text-layer"
+INK_LEVEL = 128  # grey values below this are ink
+BOX_PAD = 3  # pixels around a line box that still count as its ink
+
+
+@dataclass
+class PdfTextConfig:
+    min_ink_coverage: float = 0.5  # share of the page's ink inside text-layer line boxes
+    fallback: dict | None = field(default_factory=lambda: {"backend": "rapidocr"})  # auto only
+    model_version: str | None = None
+
+
+def ink_coverage(image: Image.Image, boxes: list[tuple[float, float, float, float]]) -> float | None:
+    """Share of the page's dark pixels inside the (padded) boxes; None on a page without ink."""
+    ink = np.asarray(image.convert("L")) < INK_LEVEL
+    total = int(ink.sum())
+    if total == 0:
+        return None
+    covered = np.zeros_like(ink)
+    height, width = ink.shape
+    for x0, y0, x1, y1 in boxes:
+        covered[max(0, int(y0) - BOX_PAD):min(height, int(y1) + BOX_PAD + 1),
+                max(0, int(x0) - BOX_PAD):min(width, int(x1) + BOX_PAD + 1)] = True
+    return float((ink & covered).sum()) / total
+
+
+class TextLayerUnusable(PageAnnotationError):
+    """This page's text layer cannot be its truth; the message says why."""
+
+
+class PdfTextAnnotator:
+    """The ``pdf-text`` backend: a page's text layer as elements and markup (confidence 1)."""
+
+    name = "pdf-text"
+
+    def __init__(self, config: PdfTextConfig | None = None):
+        self.config = config or PdfTextConfig()
+
+    @property
+    def model_version(self) -> str:
+        return self.config.model_version or TEXT_LAYER_VERSION
+
+    def annotate(self, image: Image.Image, page_id: str) -> PreAnnotation:
+        raise TextLayerUnusable(f"page {page_id}: no PDF behind a bare image")
+
+    def annotate_page(self, page: Page, image: Image.Image) -> PreAnnotation:
+        return self.text_layer_annotation(page, image)
+
+    def text_layer_annotation(self, page: Page, image: Image.Image) -> PreAnnotation:
+        """The page's text layer as a pre-annotation, or :class:`TextLayerUnusable` with the reason."""
+        import pypdfium2 as pdfium
+
+        meta = page.meta
+        if not meta.get("pdf_path") or not meta.get("page_number"):
+            raise TextLayerUnusable("not imported from a PDF")
+        path = Path(meta["pdf_path"])
+        if not path.is_file():
+            raise TextLayerUnusable(f"its PDF {path} is gone")
+        dpi = float(meta.get("render_dpi") or 144)
+        index = int(meta["page_number"]) - 1
+        try:
+            pdf = pdfium.PdfDocument(str(path))
+        except pdfium.PdfiumError as exc:
+            raise TextLayerUnusable(f"its PDF cannot be opened: {exc}") from exc
+        try:
+            if index >= len(pdf):
+                raise TextLayerUnusable(f"its PDF has no page {index + 1}")
+            lines = text_layer_lines(pdf[index], dpi)
+            problem = text_layer_problem(lines)
+            if problem:
+                raise TextLayerUnusable(problem)
+            coverage = ink_coverage(image, [line.box for line in lines])
+            if coverage is not None and coverage < self.config.min_ink_coverage:
+                raise TextLayerUnusable(f"its text layer covers {coverage:.0%} of the page's ink "
+                                        f"(< {self.config.min_ink_coverage:.0%}: a scan, a rotated page or pictures)")
+            truth = page_truth(pdf, index, dpi, lines=lines,
+                               lines_of=lambda number: text_layer_lines(pdf[number], dpi))
+        finally:
+            pdf.close()
+        elements, _ = page_elements(truth.body, truth.furniture, float(image.height))
+        markup = Page("_", "", image.width, image.height, elements=elements).markup
+        return PreAnnotation(markup, 1.0, self.model_version, elements,
+                             {"source": TEXT_LAYER_SOURCE, "ink_coverage": None if coverage is None else round(coverage, 3)})
+
+
+class AutoAnnotator(PdfTextAnnotator):
+    """The ``auto`` backend: the text layer where the page has a usable one, else OCR."""
+
+    name = "auto"
+
+    def __init__(self, config: PdfTextConfig, fallback: PreAnnotator):
+        super().__init__(config)
+        self.fallback = fallback  # built from config.fallback by the factory
+
+    @property
+    def model_version(self) -> str:
+        return self.config.model_version or f"auto({TEXT_LAYER_VERSION}|{self.fallback.model_version})"
+
+    def annotate(self, image: Image.Image, page_id: str) -> PreAnnotation:
+        return self._ocr(image, page_id, "not imported from a PDF")
+
+    def annotate_page(self, page: Page, image: Image.Image) -> PreAnnotation:
+        try:
+            annotation = self.text_layer_annotation(page, image)
+        except TextLayerUnusable as exc:
+            return self._ocr(image, page.page_id, str(exc))
+        annotation.model_version = self.model_version
+        return annotation
+
+    def _ocr(self, image: Image.Image, page_id: str, reason: str) -> PreAnnotation:
+        logger.info("page %s: OCR instead of the text layer: %s", page_id, reason)
+        annotation = self.fallback.annotate(image, page_id)
+        annotation.extra = {**annotation.extra, "source": f"ocr:{annotation.model_version}", "fallback_reason": reason}
+        annotation.model_version = self.model_version
+        return annotation
