@@ -1,6 +1,6 @@
 """Pre-annotation on real pages: documentation PDFs that Debian ships, every backend that runs here.
 
-    python -m benchmarks.preannotation [--backends rapidocr,reader,rapidocr_heuristic,rapidocr_fullres_heuristic,model]
+    python -m benchmarks.preannotation [--backends auto,pdf-text,auto_scan,rapidocr,reader,rapidocr_heuristic,...]
                                        [--pages NAME,...] [--repeats 1] [--model DIR] [--paddle-model DIR]
                                        [--reader-model DIR]
                                        [--out var/bench/preannotation]
@@ -18,6 +18,10 @@ and folios: a line in the top or bottom 15 % of the page that is a page number o
 neighbouring page, or the top or bottom line standing apart) is found from the text layer too, never from the annotators. Tables: the header row and body of each ruled table, copied from the
 LaTeX source shipped in the same package. Code: one distinctive line of each listing.
 
+``auto`` (the pre-annotation default) and ``pdf-text`` read a page's own text layer (the page
+record names its PDF, as ``ingest.pdf_dir`` imports do); ``auto_scan`` is ``auto`` given the page
+as a bare image (no PDF behind it, as a scan): it falls back to OCR and should score as ``rapidocr``.
+
 Per page and as means it prints: body text edit (OmniDocBench's text normalisation: NFKC,
 only word characters kept, Levenshtein / longer length), furniture removed (furniture lines
 whose box no markup element overlaps), tables found (a predicted ``<table>`` whose first row
@@ -30,6 +34,7 @@ its pages (committed as images with their ground truth) as regression tests.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -192,6 +197,8 @@ def score_page(bench: BenchPage, truth: PageTruth, annotation, seconds: float) -
     code_as_table = sum(any(normalized(line) in normalized(html) for html in predicted_tables) for line in bench.code)
     return {
         "page": bench.name, "body_text_edit": round(body_edit, 4),
+        "source": annotation.extra.get("source"), "refused": annotation.extra.get("refused"),
+        "table_makers": annotation.extra.get("tables"),
         "furniture": len(truth.furniture), "furniture_removed": removed,
         "tables": len(bench.tables), "tables_found": found,
         "table_teds": round(statistics.mean(table_teds), 4) if table_teds else None,
@@ -255,7 +262,11 @@ def make_backends(names: list[str], model_dir: str | None, paddle_dir: str | Non
     from components.curation.preannotate import make_preannotator
 
     configs = {
+        "auto": {"backend": "auto"},
+        "auto_scan": {"backend": "auto"},  # given no page record: OCR, as for a scanned PDF
+        "pdf-text": {"backend": "pdf-text"},
         "rapidocr": {"backend": "rapidocr"},
+        "rapidocr_lines_tables": {"backend": "rapidocr", "table_structure": "lines"},  # tables by line positions
         "rapidocr_heuristic": {"backend": "rapidocr", "layout_model": None},
         # the settings before the layout model: full-resolution detection, heuristics only
         "rapidocr_fullres_heuristic": {"backend": "rapidocr", "layout_model": None, "det_max_side": None},
@@ -280,6 +291,27 @@ def make_backends(names: list[str], model_dir: str | None, paddle_dir: str | Non
     return backends
 
 
+def page_record(bench: BenchPage, pdf_path: Path, image: Image.Image):
+    """The page as ``ingest.pdf_dir`` stores it: its PDF, page number and rendering dpi."""
+    from components.data.pages import Page
+
+    return Page(bench.name, "", image.width, image.height, source=f"pdf:{pdf_path.name}#{bench.index + 1}",
+                meta={"pdf_path": str(pdf_path), "page_number": bench.index + 1, "render_dpi": DPI})
+
+
+def annotate(name: str, annotator, bench: BenchPage, image: Image.Image, record):
+    """One backend on one page: backends that read a PDF's text layer get the page record. A page
+    the backend refuses (``pdf-text`` without a usable layer) scores as an empty page, reason kept."""
+    from components.curation.preannotate import PageAnnotationError, PreAnnotation
+
+    try:
+        if name != "auto_scan" and hasattr(annotator, "annotate_page"):
+            return annotator.annotate_page(record, image)
+        return annotator.annotate(image, bench.name)
+    except PageAnnotationError as exc:
+        return PreAnnotation("", 0.0, annotator.model_version, [], {"refused": str(exc)})
+
+
 def render_page(pdf, index: int) -> Image.Image:
     return pdf[index].render(scale=DPI / 72, grayscale=False).to_pil().convert("RGB")
 
@@ -297,8 +329,8 @@ def folder_pages(folder: Path) -> list[BenchPage]:
     return pages
 
 
-def load_bench_pages(cache: Path, selected: list[BenchPage]) -> list[tuple[BenchPage, Image.Image, PageTruth]]:
-    """Rendered images and ground truth of ``selected`` (images cached as PNG)."""
+def load_bench_pages(cache: Path, selected: list[BenchPage]) -> list[tuple[BenchPage, Image.Image, PageTruth, Path]]:
+    """Rendered images, ground truth and PDF of ``selected`` (images cached as PNG)."""
     import pypdfium2 as pdfium
 
     pdfs = fetch_documents(cache, {p.document for p in selected} & DOCUMENTS.keys())
@@ -313,7 +345,7 @@ def load_bench_pages(cache: Path, selected: list[BenchPage]) -> list[tuple[Bench
             image_path.parent.mkdir(parents=True, exist_ok=True)
             image = render_page(pdf, bench.index)
             image.save(image_path)
-        out.append((bench, image, page_truth(pdf, bench.index)))
+        out.append((bench, image, page_truth(pdf, bench.index), pdfs[bench.document].resolve()))
     return out
 
 
@@ -364,20 +396,24 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown page(s) {sorted(wanted - {p.name for p in candidates})}")
     pages = load_bench_pages(out / "debian", selected)
     if args.write_fixtures:
-        for bench, image, truth in pages:
+        for bench, image, truth, _ in pages:
             write_fixture(bench, image, truth, Path(args.write_fixtures))
         print(f"wrote {len(pages)} fixture(s) to {args.write_fixtures}")
         return 0
     backends = make_backends(args.backends.split(","), args.model, args.paddle_model, args.reader_model)
-    for annotator in backends.values():
-        annotator.annotate(pages[0][1], "warmup")  # load weights outside the timed pages
+    from components.curation.preannotate import PageAnnotationError
+
+    for annotator in backends.values():  # load weights outside the timed pages
+        with contextlib.suppress(PageAnnotationError):  # pdf-text refuses a bare image
+            annotator.annotate(pages[0][1], "warmup")
     rows: dict[str, list[dict]] = {name: [] for name in backends}
-    for bench, image, truth in pages:  # backends interleaved page by page, so load drifts hit all alike
+    for bench, image, truth, pdf_path in pages:  # backends interleaved page by page, so load drifts hit all alike
+        record = page_record(bench, pdf_path, image)
         for name, annotator in backends.items():
             seconds = []
             for _ in range(args.repeats):
                 started = time.perf_counter()
-                annotation = annotator.annotate(image, bench.name)
+                annotation = annotate(name, annotator, bench, image, record)
                 seconds.append(time.perf_counter() - started)
             rows[name].append(score_page(bench, truth, annotation, statistics.median(seconds)))
             (out / name).mkdir(parents=True, exist_ok=True)

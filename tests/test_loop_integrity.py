@@ -33,36 +33,28 @@ from components.decoding.types import DecodeParams
 from components.evaluation.evaluate import OwnOutputTruthError, evaluate_decoders
 from models.loading import model_fingerprint, new_tiny_model, save_markup_model
 from monitoring.drift import MIN_VERDICT_PAGES, NotEnoughPagesError, check_drift
+from tests.test_pdf_loader import write_pdf_objects
 
 BODY = ["The quick brown fox jumps over the lazy dog near the river bank.",
         "Annotators correct what the model wrote, and the model learns from them.",
         "Born-digital manuals carry every character with its box in the file."]
 
 
-def _text_pdf(path: Path, title: str, lines: list[str], invisible: bool = False) -> Path:
+def _text_pdf(path: Path, title: str, lines: list[str], invisible: bool = False, rotate: int = 0) -> Path:
     """A born-digital one-page PDF (Helvetica, a text layer). ``invisible``: the text is in the
-    layer but not drawn (render mode 3), as in a scan whose OCR layer does not match its pixels."""
+    layer but not drawn (render mode 3), as in a scan whose OCR layer does not match its pixels;
+    ``rotate``: the page's /Rotate (shown turned, its text layer in unturned coordinates)."""
     mode = b"3 Tr " if invisible else b""
     ops = [b"BT %s/F1 20 Tf 72 720 Td (%s) Tj ET" % (mode, title.encode())]
     for index, line in enumerate(lines):
         ops.append(b"BT %s/F1 11 Tf 72 %d Td (%s) Tj ET" % (mode, 680 - 16 * index, line.encode()))
     stream = b"\n".join(ops)
     objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
-               b"/Resources << /Font << /F1 5 0 R >> >> >>",
+               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Rotate %d "
+               b"/Resources << /Font << /F1 5 0 R >> >> >>" % rotate,
                b"<< /Length %d >> stream\n%s\nendstream" % (len(stream), stream),
                b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>"]
-    body = b"%PDF-1.4\n"
-    offsets = []
-    for number, obj in enumerate(objects, 1):
-        offsets.append(len(body))
-        body += b"%d 0 obj %s endobj\n" % (number, obj)
-    xref = len(body)
-    body += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    body += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    body += b"trailer << /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
-    path.write_bytes(body)
-    return path
+    return write_pdf_objects(path, objects)
 
 
 def _image_pdf(path: Path, source_pdf: Path) -> Path:
@@ -85,6 +77,8 @@ def pdf_pages(tmp_path_factory):
     digital = _text_pdf(pdfs / "manual.pdf", "Getting started", BODY)
     _image_pdf(pdfs / "scan.pdf", digital)
     _text_pdf(pdfs / "hidden.pdf", "Hidden words", ["these words are not on the page"] * 3, invisible=True)
+    _text_pdf(pdfs / "rotated.pdf", "Turned page", BODY, rotate=90)
+    _text_pdf(pdfs / "empty.pdf", "", [])
     dataset = PageDataset(root / "pages")
     import_pdfs(pdfs, dataset.root, dpi=100)
     by_file = {page.source.split(":")[1].split("#")[0]: page for page in dataset.pages()}
@@ -113,11 +107,26 @@ def test_pages_without_a_usable_text_layer_fall_back_to_ocr_with_the_reason(pdf_
     assert scan["extra"]["source"].startswith("ocr:rapidocr") and scan["extra"]["fallback_reason"] == "no text layer"
     assert "quick brown fox" in scan["markup"]  # RapidOCR read the pixels
     hidden = pages["hidden.pdf"].meta["preannotation"]
-    assert hidden["extra"]["source"].startswith("ocr:") and "of the page's ink" in hidden["extra"]["fallback_reason"]
+    assert hidden["extra"]["source"].startswith("ocr:") and "lines have ink under them" in hidden["extra"]["fallback_reason"]
     report = TargetReport()
     targets = [page_with_target(pages[name], report) for name in ("manual.pdf", "scan.pdf")]
     assert truth_of(targets[0]) == TEXT_LAYER and truth_of(targets[1]).startswith("preannotation:rapidocr")
     assert report.kept == {"text-layer": 1, "preannotation": 1}
+
+
+def test_a_rotated_page_and_an_empty_page_get_a_stated_outcome_and_lose_nothing(pdf_pages):
+    """A turned page (/Rotate 90): pdfium's character boxes stay unturned, so they lie off the ink
+    and the page goes to OCR, which says why; an empty page: OCR finds nothing, so it has no
+    target and the split drops it with a count."""
+    pages, _ = pdf_pages
+    rotated = pages["rotated.pdf"].meta["preannotation"]
+    assert rotated["extra"]["source"].startswith("ocr:") and "have ink under them" in rotated["extra"]["fallback_reason"]
+    assert "quick brown fox" in rotated["markup"]
+    empty = pages["empty.pdf"].meta["preannotation"]
+    assert empty["extra"]["fallback_reason"] == "no text layer" and empty["markup"] == ""
+    report = TargetReport()
+    assert page_with_target(pages["empty.pdf"], report) is None and report.dropped == {"empty pre-annotation": 1}
+    assert len(pages) == 5  # nothing else of the batch was lost
 
 
 def test_the_pdf_text_backend_refuses_a_page_without_a_text_layer(pdf_pages):
@@ -271,7 +280,7 @@ def test_services_refuse_a_port_another_process_holds():
         holder.bind((LOOPBACK, 0))
         holder.listen()
         port = holder.getsockname()[1]
-        service = prefect_service(port)
+        service = replace(prefect_service(port), name="prefect-port-test")  # never the project's own server
         with pytest.raises(ServiceError, match=f"port {port} on 127.0.0.1 is already in use"):
             service.start()
         assert not service.running()
@@ -286,3 +295,28 @@ def test_prefect_port_is_configurable():
     PORTS["prefect"] = 4200
 
 
+
+
+def test_test_splits_take_documents_with_independent_truth_first(tmp_path):
+    """Ten new documents, half read from their text layer, half only pre-annotated by OCR: the
+    test split fills with text-layer documents; the counts per split stay those of the hashes."""
+    from components.curation.splits import make_splits
+    from components.data.pages import Page
+
+    store = PageDataset(tmp_path / "pages")
+    pages = []
+    for index in range(10):
+        source = TEXT_LAYER if index % 2 else "ocr:rapidocr-3.10"
+        record = {"markup": "words", "confidence": 0.9, "model_version": "auto", "elements": [],
+                  "extra": {"source": source}}
+        pages.append(Page(f"doc{index}-p1", "images/none.png", 32, 32, [],
+                          meta={"document_id": f"pdf:{index}", "preannotation": record}))
+    store.upsert(pages)
+    ratios = {"train": 0.7, "test": 0.3}
+    preferred = make_splits(store, ratios)
+    in_test = [page.page_id for page in store.pages() if page.meta["split"] == "test"]
+    assert in_test and all(int(page_id[3]) % 2 for page_id in in_test)  # text-layer documents only
+    plain = PageDataset(tmp_path / "plain")
+    plain.upsert([replace(page, meta={k: v for k, v in page.meta.items() if k != "split"}) for page in pages])
+    by_hash = make_splits(plain, ratios, prefer_independent_test=False)
+    assert preferred.counts() == by_hash.counts()

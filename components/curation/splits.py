@@ -25,6 +25,7 @@ from components.curation.storage import write_subset
 from components.data.page_store import PageDataset
 from components.data.pages import Page, atomic_write_text
 from components.data.pdf import pdf_document_id
+from components.data.provenance import independent_record
 
 logger = logging.getLogger(__name__)
 
@@ -103,10 +104,14 @@ def load_splits(dataset: PageDataset) -> dict | None:
         raise ValueError(f"{path} is not valid JSON ({exc}); fix or delete it (assignments would be lost)") from exc
 
 
-def _plan_new_groups(new: list[str], existing: dict[str, str], ratios: dict[str, float], salt: str) -> dict[str, str]:
+def _plan_new_groups(new: list[str], existing: dict[str, str], ratios: dict[str, float], salt: str,
+                     trusted: set[str] | None = None, prefer: str = "test") -> dict[str, str]:
     """Splits for document groups seen for the first time: by hash, except that a split with a
     share but no document yet takes the newcomer with the lowest hash from the fullest split (so
-    four PDFs still give a test split). Groups that already have a split never move."""
+    four PDFs still give a test split), and that the ``prefer`` split (test) holds newcomers with
+    independent truth (``trusted``: corrected, text-layer, synthetic) before silver ones: a silver
+    newcomer planned for it trades places with a trusted newcomer planned elsewhere, lowest hashes
+    first, so every split keeps its count. Groups that already have a split never move."""
     planned = {group: assign_split(group, ratios, salt) for group in new}
     per_split = Counter(existing.values()) + Counter(planned.values())
     for name in (name for name, ratio in ratios.items() if ratio > 0):
@@ -119,6 +124,12 @@ def _plan_new_groups(new: list[str], existing: dict[str, str], ratios: dict[str,
         planned[movable[0]] = name
         per_split[donor] -= 1
         per_split[name] += 1
+    if trusted is not None and prefer in ratios:
+        by_hash = sorted(planned, key=lambda g: hash_fraction(g, salt))
+        silver = [g for g in by_hash if planned[g] == prefer and g not in trusted]
+        spare = [g for g in by_hash if planned[g] != prefer and g in trusted]
+        for group, other in zip(silver, spare, strict=False):
+            planned[group], planned[other] = planned[other], prefer
     return planned
 
 
@@ -131,13 +142,17 @@ def make_splits(
     out_dir: str | os.PathLike | None = None,
     reassign: bool = False,
     target: Callable[[Page], Page | None] | None = None,
+    prefer_independent_test: bool = True,
 ) -> SplitResult:
     """Give every page without one a split (recorded on the page), optionally write split datasets.
 
     With ``out_dir``, each split is written as its own dataset folder ``out_dir/<split>/``. Memory
     stays bounded whatever the size of the store: one shard of pages at a time plus one entry per
     document group. ``target`` maps each page to what the split store holds (its training target),
-    or to None to leave it out of the written splits (it keeps its split assignment).
+    or to None to leave it out of the written splits (it keeps its split assignment). With
+    ``prefer_independent_test``, new documents whose pages all have independent truth (their own
+    markup, a correction, the text layer) go to ``test`` before documents graded only by a model's
+    pre-annotation (:func:`_plan_new_groups`).
     """
     ratios = validate_ratios(ratios or DEFAULT_RATIOS)
     recorded = load_splits(dataset)
@@ -147,9 +162,12 @@ def make_splits(
     # Pass 1, two columns: splits already given, per page and per document group.
     group_split: dict[str, str] = {}
     new_groups: set[str] = set()
+    silver_groups: set[str] = set()  # new groups with a page whose only truth would be a model's output
     unknown: set[str] = set()
-    for table in dataset.scan(["meta"]):
-        for meta_json in table.column("meta").to_pylist():
+    for table in dataset.scan(["meta", "elements", "markup_override"]):
+        rows = zip(table.column("meta").to_pylist(), table.column("elements").to_pylist(),
+                   table.column("markup_override").to_pylist(), strict=True)
+        for meta_json, elements, override in rows:
             meta = json.loads(meta_json) if f'"{SPLIT_KEY}"' in meta_json or '"document_id"' in meta_json \
                 or '"pdf_sha256"' in meta_json else {}
             group = document_group(meta, group_by)
@@ -157,6 +175,9 @@ def make_splits(
             if split is None:
                 if group is not None:
                     new_groups.add(group)
+                    own_markup = elements not in ("[]", "", None) or bool(override)
+                    if not independent_record(json.loads(meta_json) if meta_json else {}, own_markup):
+                        silver_groups.add(group)
                 continue
             if split not in ratios:
                 unknown.add(split)
@@ -165,7 +186,9 @@ def make_splits(
     if unknown:
         raise ValueError(f"pages of {dataset.root} are in splits {sorted(unknown)}, which the ratios {ratios} lack; "
                          f"keep those split names or pass reassign=True")
-    group_split.update(_plan_new_groups(sorted(new_groups - group_split.keys()), group_split, ratios, salt))
+    fresh = sorted(new_groups - group_split.keys())
+    trusted = set(fresh) - silver_groups if prefer_independent_test else None
+    group_split.update(_plan_new_groups(fresh, group_split, ratios, salt, trusted))
     # Pass 2, shard by shard: assign the pages that have no split yet and write them back.
     counts = Counter({name: 0 for name in ratios})
     new_pages = []

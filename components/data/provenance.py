@@ -42,6 +42,16 @@ def truth_of(page: Page) -> str:
     return TEXT_LAYER if prefix == "debian" else prefix
 
 
+def independent_record(meta: dict, has_own_markup: bool) -> bool:
+    """Whether a stored page's target will be independent truth (see :func:`truth_of`), read from
+    its record alone: its own markup (synthetic, corpus), an annotator's correction, or a
+    pre-annotation read from the PDF's text layer."""
+    if has_own_markup or meta.get(CORRECTION):
+        return True
+    record = meta.get("preannotation") or {}
+    return (record.get("extra") or {}).get("source") == TEXT_LAYER
+
+
 def truth_kind(truth: str) -> str:
     """``preannotation:rapidocr-3.4`` -> ``preannotation``; other kinds are their own name."""
     return truth.split(":", 1)[0]

@@ -18,6 +18,7 @@ import pypdfium2.raw as pdfium_raw
 
 FURNITURE_BAND = 0.15  # top and bottom fraction of the page where running heads and folios may sit
 FIXED_PITCH = 0x1  # PDF font descriptor flag
+CELL_GAP_EM = 0.9  # a gap between characters wider than this many ems splits a line into runs (cells)
 
 
 @dataclass
@@ -26,6 +27,9 @@ class TextLine:
     box: tuple[float, float, float, float]  # image pixels at the given dpi: x0, y0, x1, y1
     size: float = 0.0  # median font size of its characters, in points
     mono: bool = False  # most of its characters are in a fixed-pitch font
+    # runs of the line split where characters stand apart (a gap wider than the font's height):
+    # a table row's cells, each with its box (image pixels)
+    segments: list[tuple[str, tuple[float, float, float, float]]] = field(default_factory=list)
 
 
 @dataclass
@@ -68,19 +72,48 @@ def text_layer_lines(page, dpi: float) -> list[TextLine]:
     scale = dpi / 72
     lines: list[TextLine] = []
     chars: list[str] = []
+    char_boxes: list[tuple[float, float, float, float] | None] = []  # one per char (None: spaces)
     boxes: list[tuple[float, float, float, float]] = []
     sizes: list[float] = []
     mono: list[bool] = []
     fonts: dict[str, bool] = {}
+
+    def to_pixels(b: tuple[float, float, float, float]) -> tuple[float, float, float, float]:
+        return b[0] * scale, (height - b[3]) * scale, b[2] * scale, (height - b[1]) * scale
+
+    def split_runs() -> list[tuple[str, tuple[float, float, float, float]]]:
+        runs: list[tuple[list[str], list]] = []
+        previous = None
+        em = statistics.median(sizes) if sizes else 0.0  # the line's font size, points
+        for char, box in zip(chars, char_boxes, strict=True):
+            if box is None:  # a space: kept inside a run
+                if runs:
+                    runs[-1][0].append(char)
+                continue
+            gap_limit = max(CELL_GAP_EM * em, box[3] - box[1], 1.0)  # word spaces are ~0.25-0.5 em
+            if previous is None or box[0] - previous[2] > gap_limit:
+                runs.append(([], []))
+            runs[-1][0].append(char)
+            runs[-1][1].append(box)
+            previous = box
+        out = []
+        for run_chars, run_boxes in runs:
+            text = "".join(run_chars).replace("\ufffe", "").replace("\x02", "").strip()
+            if text and run_boxes:
+                out.append((text, to_pixels((min(b[0] for b in run_boxes), min(b[1] for b in run_boxes),
+                                             max(b[2] for b in run_boxes), max(b[3] for b in run_boxes)))))
+        return out
 
     def flush() -> None:
         text = "".join(chars).replace("\ufffe", "").replace("\x02", "").strip()
         if text and boxes:
             x0, y0 = min(b[0] for b in boxes), min(b[1] for b in boxes)
             x1, y1 = max(b[2] for b in boxes), max(b[3] for b in boxes)
-            lines.append(TextLine(text, (x0 * scale, (height - y1) * scale, x1 * scale, (height - y0) * scale),
-                                  statistics.median(sizes) if sizes else 0.0, sum(mono) > len(mono) / 2))
+            lines.append(TextLine(text, to_pixels((x0, y0, x1, y1)),
+                                  statistics.median(sizes) if sizes else 0.0, sum(mono) > len(mono) / 2,
+                                  split_runs()))
         chars.clear()
+        char_boxes.clear()
         boxes.clear()
         sizes.clear()
         mono.clear()
@@ -95,6 +128,7 @@ def text_layer_lines(page, dpi: float) -> list[TextLine]:
         if box is not None and boxes and not _same_visual_line(boxes, box):
             flush()  # some producers write no line break between visual lines
         chars.append(char)
+        char_boxes.append(box)
         if box is not None:
             boxes.append(box)
             sizes.append(float(pdfium_raw.FPDFText_GetFontSize(textpage.raw, i)))

@@ -31,8 +31,10 @@ from PIL import Image
 
 from components.curation.preannotate.base import PageAnnotationError, PreAnnotation, PreAnnotator
 from components.data.corpus import page_elements, text_layer_problem
-from components.data.pages import Page
-from components.data.text_layer import page_truth, text_layer_lines
+from components.data.pages import LayoutElement, Page
+from components.data.text_layer import TextLine, page_truth, text_layer_lines
+from components.parsing.layout import LayoutRegion, RapidLayoutModel
+from components.parsing.tables import slanet_available, table_from_pixels
 
 logger = logging.getLogger(__name__)
 
@@ -44,14 +46,35 @@ BOX_PAD = 3  # pixels around a line box that still count as its ink
 
 @dataclass
 class PdfTextConfig:
-    min_ink_coverage: float = 0.5  # share of the page's ink inside text-layer line boxes
+    # share of the page's ink inside text-layer line boxes (figures and rules are ink without text)
+    min_ink_coverage: float = 0.25
+    min_inked_lines: float = 0.9  # share of text-layer lines with ink under them (the layer is drawn)
+    # table regions (rapid-layout) become HTML tables: SLANet's structure from the pixels, each cell's
+    # text from the layer's runs inside it (components/parsing/tables.py); False: tables stay text
+    tables: bool = True
     fallback: dict | None = field(default_factory=lambda: {"backend": "rapidocr"})  # auto only
     model_version: str | None = None
 
 
+def _ink(image: Image.Image) -> np.ndarray:
+    return np.asarray(image.convert("L")) < INK_LEVEL
+
+
+def inked_lines(image: Image.Image, boxes: list[tuple[float, float, float, float]]) -> float:
+    """Share of the boxes with ink under them (>= 1 % dark pixels): a layer whose text is not drawn
+    (invisible OCR text over other pixels, a layer that is shifted) leaves its boxes blank."""
+    ink = _ink(image)
+    height, width = ink.shape
+    inked = 0
+    for x0, y0, x1, y1 in boxes:
+        area = ink[max(0, int(y0)):min(height, int(y1) + 1), max(0, int(x0)):min(width, int(x1) + 1)]
+        inked += area.size > 0 and area.mean() >= 0.01
+    return inked / len(boxes) if boxes else 0.0
+
+
 def ink_coverage(image: Image.Image, boxes: list[tuple[float, float, float, float]]) -> float | None:
     """Share of the page's dark pixels inside the (padded) boxes; None on a page without ink."""
-    ink = np.asarray(image.convert("L")) < INK_LEVEL
+    ink = _ink(image)
     total = int(ink.sum())
     if total == 0:
         return None
@@ -74,6 +97,7 @@ class PdfTextAnnotator:
 
     def __init__(self, config: PdfTextConfig | None = None):
         self.config = config or PdfTextConfig()
+        self._layout: RapidLayoutModel | None = None
 
     @property
     def model_version(self) -> str:
@@ -108,7 +132,12 @@ class PdfTextAnnotator:
             problem = text_layer_problem(lines)
             if problem:
                 raise TextLayerUnusable(problem)
-            coverage = ink_coverage(image, [line.box for line in lines])
+            boxes = [line.box for line in lines]
+            drawn = inked_lines(image, boxes)
+            if drawn < self.config.min_inked_lines:
+                raise TextLayerUnusable(f"only {drawn:.0%} of its text-layer lines have ink under them "
+                                        f"(< {self.config.min_inked_lines:.0%}: the layer is not what the page shows)")
+            coverage = ink_coverage(image, boxes)
             if coverage is not None and coverage < self.config.min_ink_coverage:
                 raise TextLayerUnusable(f"its text layer covers {coverage:.0%} of the page's ink "
                                         f"(< {self.config.min_ink_coverage:.0%}: a scan, a rotated page or pictures)")
@@ -116,10 +145,56 @@ class PdfTextAnnotator:
                                lines_of=lambda number: text_layer_lines(pdf[number], dpi))
         finally:
             pdf.close()
-        elements, _ = page_elements(truth.body, truth.furniture, float(image.height))
+        tables = self._tables(image, truth.body)
+        # table regions as text regions, so that no block runs across a table's edge
+        regions = [LayoutRegion("text", region.box, region.score) for region, _ in tables]
+        elements, _ = page_elements(truth.body, truth.furniture, float(image.height), regions)
+        elements = _with_tables(elements, tables)
         markup = Page("_", "", image.width, image.height, elements=elements).markup
         return PreAnnotation(markup, 1.0, self.model_version, elements,
-                             {"source": TEXT_LAYER_SOURCE, "ink_coverage": None if coverage is None else round(coverage, 3)})
+                             {"source": TEXT_LAYER_SOURCE, "ink_coverage": None if coverage is None else round(coverage, 3),
+                              "tables": ["slanet"] * len(tables)})
+
+    def _tables(self, image: Image.Image, body: list[TextLine]) -> list[tuple[LayoutRegion, str]]:
+        """Each table region rapid-layout finds, with its HTML: SLANet's cells holding the text
+        layer's runs (a region SLANet finds no cell in stays text)."""
+        if not self.config.tables or not slanet_available():
+            return []
+        if self._layout is None:
+            self._layout = RapidLayoutModel(0.5, 1)
+        found = []
+        for region in (r for r in self._layout.regions(image) if r.category == "table"):
+            x0, y0 = max(0, int(region.box[0]) - 4), max(0, int(region.box[1]) - 4)
+            x1, y1 = min(image.width, int(region.box[2]) + 4), min(image.height, int(region.box[3]) + 4)
+            runs = [(text, (b[0] - x0, b[1] - y0, b[2] - x0, b[3] - y0))
+                    for line in body if _inside(line.box, region.box)
+                    for text, b in (line.segments or [(line.text, line.box)])]
+            html = table_from_pixels(image.crop((x0, y0, x1, y1)), runs) if runs and x1 - x0 > 8 and y1 - y0 > 8 else None
+            if html:
+                found.append((region, html))
+        return found
+
+
+def _inside(box: tuple[float, ...], region: tuple[float, ...]) -> bool:
+    cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+    return region[0] <= cx <= region[2] and region[1] <= cy <= region[3]
+
+
+def _with_tables(elements: list[LayoutElement], tables: list[tuple[LayoutRegion, str]]) -> list[LayoutElement]:
+    """The first text block inside each table region becomes the table (so it keeps its place in
+    reading order); the region's other blocks go."""
+    out: list[LayoutElement] = []
+    placed: set[int] = set()
+    for element in elements:
+        owner = next((i for i, (region, _) in enumerate(tables)
+                      if element.category in ("text", "title", "code") and _inside(element.bbox, region.box)), None)
+        if owner is None:
+            out.append(element)
+        elif owner not in placed:
+            placed.add(owner)
+            region, html = tables[owner]
+            out.append(LayoutElement("table", tuple(float(v) for v in region.box), html))
+    return out
 
 
 class AutoAnnotator(PdfTextAnnotator):

