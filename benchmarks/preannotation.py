@@ -329,8 +329,23 @@ def folder_pages(folder: Path) -> list[BenchPage]:
     return pages
 
 
-def load_bench_pages(cache: Path, selected: list[BenchPage]) -> list[tuple[BenchPage, Image.Image, PageTruth, Path]]:
-    """Rendered images, ground truth and PDF of ``selected`` (images cached as PNG)."""
+def pdftotext_truth(pdf_path: Path, index: int, layer: PageTruth) -> PageTruth:
+    """Poppler's reading of the page (``pdftotext``, reading order) as the body, an extractor
+    independent of pdfium's; lines that are the text layer's furniture are taken out, so that the
+    body compares with the body. Furniture stays pdfium's."""
+    import subprocess
+
+    text = subprocess.run(["pdftotext", "-f", str(index + 1), "-l", str(index + 1), str(pdf_path), "-"],
+                          capture_output=True, text=True, check=True).stdout
+    furniture = {normalized(line.text) for line in layer.furniture}
+    body = [line for line in text.splitlines() if line.strip() and normalized(line) not in furniture]
+    return PageTruth([TextLine(" ".join(body), (0.0, 0.0, 0.0, 0.0))], layer.furniture)
+
+
+def load_bench_pages(cache: Path, selected: list[BenchPage],
+                     truth: str = "pdfium") -> list[tuple[BenchPage, Image.Image, PageTruth, Path]]:
+    """Rendered images, ground truth and PDF of ``selected`` (images cached as PNG). ``truth``:
+    ``pdfium`` (the text layer as our code reads it) or ``pdftotext`` (poppler's, independent)."""
     import pypdfium2 as pdfium
 
     pdfs = fetch_documents(cache, {p.document for p in selected} & DOCUMENTS.keys())
@@ -345,7 +360,10 @@ def load_bench_pages(cache: Path, selected: list[BenchPage]) -> list[tuple[Bench
             image_path.parent.mkdir(parents=True, exist_ok=True)
             image = render_page(pdf, bench.index)
             image.save(image_path)
-        out.append((bench, image, page_truth(pdf, bench.index), pdfs[bench.document].resolve()))
+        page = page_truth(pdf, bench.index)
+        if truth == "pdftotext":
+            page = pdftotext_truth(pdfs[bench.document], bench.index, page)
+        out.append((bench, image, page, pdfs[bench.document].resolve()))
     return out
 
 
@@ -385,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per page and backend (median kept)")
     parser.add_argument("--pdf-dir", default=None, metavar="DIR",
                         help="every page of the PDFs in DIR instead of the fixed pages (truth: their text layer)")
+    parser.add_argument("--truth", choices=["pdfium", "pdftotext"], default="pdfium",
+                        help="body truth: the text layer read by pdfium (default) or by poppler's pdftotext "
+                             "(an independent extractor: Debian's poppler-utils)")
     parser.add_argument("--out", default=str(VAR_DIR / "bench" / "preannotation"))
     args = parser.parse_args(argv)
 
@@ -394,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     selected = [p for p in candidates if wanted is None or p.name in wanted]
     if wanted and len(selected) != len(wanted):
         raise SystemExit(f"unknown page(s) {sorted(wanted - {p.name for p in candidates})}")
-    pages = load_bench_pages(out / "debian", selected)
+    pages = load_bench_pages(out / "debian", selected, args.truth)
     if args.write_fixtures:
         for bench, image, truth, _ in pages:
             write_fixture(bench, image, truth, Path(args.write_fixtures))

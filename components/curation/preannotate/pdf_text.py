@@ -164,11 +164,13 @@ class PdfTextAnnotator:
             self._layout = RapidLayoutModel(0.5, 1)
         found = []
         for region in (r for r in self._layout.regions(image) if r.category == "table"):
+            inside = [line for line in body if _inside(line.box, region.box)]
+            if not inside or sum(line.mono for line in inside) * 2 > len(inside):
+                continue  # a code listing the detector took for a table: monospace lines stay code
             x0, y0 = max(0, int(region.box[0]) - 4), max(0, int(region.box[1]) - 4)
             x1, y1 = min(image.width, int(region.box[2]) + 4), min(image.height, int(region.box[3]) + 4)
             runs = [(text, (b[0] - x0, b[1] - y0, b[2] - x0, b[3] - y0))
-                    for line in body if _inside(line.box, region.box)
-                    for text, b in (line.segments or [(line.text, line.box)])]
+                    for line in inside for text, b in (line.segments or [(line.text, line.box)])]
             html = table_from_pixels(image.crop((x0, y0, x1, y1)), runs) if runs and x1 - x0 > 8 and y1 - y0 > 8 else None
             if html:
                 found.append((region, html))
