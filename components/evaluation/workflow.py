@@ -24,6 +24,7 @@ from components.evaluation.evaluate import (
 from components.parsing import ParseSettings, resolve_parse
 from components.pipeline import PipelineConfig
 from components.registry import mlflow_registry as registry
+from models.loading import model_fingerprint
 from monitoring.drift import save_reference
 
 DRIFT_REFERENCE_ARTIFACT = "evaluation/drift_reference.json"
@@ -161,7 +162,6 @@ def unchanged_from(cfg: PipelineConfig, model_dir: Path) -> str | None:
     """The incumbent whose weights ``model_dir`` holds byte for byte (the champion, else the
     checkpoint the chain started from), or None when the weights are new."""
     from components.training.stages import starting_checkpoint
-    from models.loading import model_fingerprint
 
     fingerprint = model_fingerprint(model_dir)
     holder = registry.champion(cfg.evaluation.model_name)

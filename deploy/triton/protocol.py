@@ -5,8 +5,10 @@ choosing the decoder per request: ``DECODER`` (BYTES: ar | sdb | block | ppc), `
 (FP32 τ), ``WINDOW`` / ``BLOCK_LENGTH`` / ``SPAN`` / ``MAX_NEW_TOKENS`` (INT32),
 ``TEMPERATURE`` (FP32), ``TOP_K`` (INT32), ``SEED`` (INT64), and ``PARSE`` (BYTES: page | elements):
 a whole page in one decode, or two-stage parsing (layout inside the backend, then every element's
-crop, all elements of the batch's pages in one engine batch). Anything omitted takes the
-:class:`DecodeParams` default (the decoder and parse defaults come from the model config).
+crop, all elements of the batch's pages in one engine batch); ``PROBE`` (BOOL): the platform's own
+request (deploy's version check, smoke tests), answered but never logged, counted or fed to drift
+checks and the annotators' queue. Anything omitted takes the :class:`DecodeParams` default (the
+decoder and parse defaults come from the model config).
 
 In element mode ``STATS`` carries ``parse`` and ``elements`` (box, category, markup, confidence,
 skipped/error reason per element); the stream sends one response per element, in reading order.
