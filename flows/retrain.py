@@ -49,7 +49,7 @@ def retrain(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = Non
         summary["parse_modes"] = compare_modes(cfg, Path(summary["train"]["model_dir"]),
                                                Path(summary["train"]["element_model_dir"]))
     if summary["evaluate"].get("unchanged"):  # no stage kept a change: the served model stays as it is
-        get_run_logger().info("nothing new to promote: %s", summary["evaluate"]["gate_failures"][0])
+        get_run_logger().info("%s; nothing deployed", summary["evaluate"]["gate_failures"][0])
     elif cfg.deploy.enabled and (summary["evaluate"]["promoted"] or _has_champion(cfg)):
         summary["deploy"] = deploy(config, overrides)
         if replay_traffic:
