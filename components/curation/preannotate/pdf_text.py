@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pypdfium2 as pdfium
 from PIL import Image
 
 from components.curation.preannotate.base import PageAnnotationError, PreAnnotation, PreAnnotator
@@ -111,8 +112,6 @@ class PdfTextAnnotator:
 
     def text_layer_annotation(self, page: Page, image: Image.Image) -> PreAnnotation:
         """The page's text layer as a pre-annotation, or :class:`TextLayerUnusable` with the reason."""
-        import pypdfium2 as pdfium
-
         meta = page.meta
         if not meta.get("pdf_path") or not meta.get("page_number"):
             raise TextLayerUnusable("not imported from a PDF")
