@@ -153,18 +153,20 @@ def structure_html(structure: TableStructure, cell_texts: list[list[str]]) -> st
     TEDS and our markup compare rows and cells)."""
     parts: list[str] = []
     cell = 0
+
+    def text_of(index: int) -> str:
+        return escape(" ".join(cell_texts[index]) if index < len(cell_texts) else "", quote=False)
+
     for token in structure.tokens:
         if token in ("<thead>", "</thead>", "<tbody>", "</tbody>"):
             continue
         if token == "<td></td>":
-            text = " ".join(cell_texts[cell]) if cell < len(cell_texts) else ""
-            parts.append(f"<td>{escape(text, quote=False)}</td>")
+            parts.append(f"<td>{text_of(cell)}</td>")
             cell += 1
         elif token == "<td":
             parts.append("<td")
         elif token == ">":  # closes a spanning cell's opening tag; its text follows
-            text = " ".join(cell_texts[cell]) if cell < len(cell_texts) else ""
-            parts.append(f">{escape(text, quote=False)}")
+            parts.append(f">{text_of(cell)}")
             cell += 1
         else:
             parts.append(token)

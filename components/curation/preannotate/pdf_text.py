@@ -16,8 +16,9 @@ Two backends:
   ``extra["source"]`` says where the page's text came from (``text-layer`` or ``ocr:<version>``).
 
 A text layer is unusable when the page has no PDF behind it (an image), the PDF is gone, the layer
-is empty or its glyphs have no Unicode (no ToUnicode map), or its lines cover too little of the
-page's ink (a scan with an OCR layer that is off, a rotated page, a page of pictures).
+is empty or its glyphs have no Unicode (no ToUnicode map), its lines have no ink under them
+(invisible text over other pixels, a layer shifted or turned by ``/Rotate``), or they cover too little
+of the page's ink (a scan whose OCR layer misses text, a page of pictures).
 """
 
 from __future__ import annotations
@@ -57,14 +58,14 @@ class PdfTextConfig:
     model_version: str | None = None
 
 
-def _ink(image: Image.Image) -> np.ndarray:
+def ink_mask(image: Image.Image) -> np.ndarray:
+    """The page's dark pixels (computed once per page, read by both checks below)."""
     return np.asarray(image.convert("L")) < INK_LEVEL
 
 
-def inked_lines(image: Image.Image, boxes: list[tuple[float, float, float, float]]) -> float:
+def inked_lines(ink: np.ndarray, boxes: list[tuple[float, float, float, float]]) -> float:
     """Share of the boxes with ink under them (>= 1 % dark pixels): a layer whose text is not drawn
     (invisible OCR text over other pixels, a layer that is shifted) leaves its boxes blank."""
-    ink = _ink(image)
     height, width = ink.shape
     inked = 0
     for x0, y0, x1, y1 in boxes:
@@ -73,9 +74,8 @@ def inked_lines(image: Image.Image, boxes: list[tuple[float, float, float, float
     return inked / len(boxes) if boxes else 0.0
 
 
-def ink_coverage(image: Image.Image, boxes: list[tuple[float, float, float, float]]) -> float | None:
+def ink_coverage(ink: np.ndarray, boxes: list[tuple[float, float, float, float]]) -> float | None:
     """Share of the page's dark pixels inside the (padded) boxes; None on a page without ink."""
-    ink = _ink(image)
     total = int(ink.sum())
     if total == 0:
         return None
@@ -132,11 +132,12 @@ class PdfTextAnnotator:
             if problem:
                 raise TextLayerUnusable(problem)
             boxes = [line.box for line in lines]
-            drawn = inked_lines(image, boxes)
+            ink = ink_mask(image)
+            drawn = inked_lines(ink, boxes)
             if drawn < self.config.min_inked_lines:
                 raise TextLayerUnusable(f"only {drawn:.0%} of its text-layer lines have ink under them "
                                         f"(< {self.config.min_inked_lines:.0%}: the layer is not what the page shows)")
-            coverage = ink_coverage(image, boxes)
+            coverage = ink_coverage(ink, boxes)
             if coverage is not None and coverage < self.config.min_ink_coverage:
                 raise TextLayerUnusable(f"its text layer covers {coverage:.0%} of the page's ink "
                                         f"(< {self.config.min_ink_coverage:.0%}: a scan, a rotated page or pictures)")
