@@ -23,6 +23,7 @@ from pathlib import Path
 from components.curation.preannotate.rapidocr import RapidOCRAnnotator
 from components.data.synthetic import SyntheticConfig, generate_page
 from components.metrics.table import teds_pair
+from components.parsing.frontend import Blocks, merge_lines
 from components.parsing.tables import shared_slanet, table_from_pixels
 from components.services.process import VAR_DIR
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             slanet = table_from_pixels(crop, [(b.text, b.box) for b in boxes]) or ""
             slanet_s = time.perf_counter() - started
             started = time.perf_counter()
-            lines = RapidOCRAnnotator._grid_table_html(ocr.merge_lines(boxes))
+            lines = Blocks._grid_table_html(merge_lines(boxes))
             lines_s = time.perf_counter() - started
             s_teds, s_struct = teds_pair(slanet, element.content)
             l_teds, l_struct = teds_pair(lines, element.content)

@@ -19,6 +19,9 @@ from PIL import Image
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
 SPECIAL_ID_NAMES = ("bos", "eos", "pad", "init", "mask")
+# ``image.info[TEXT_LINE_INFO] = True``: the crop is one text line a detector found (the page front
+# end's line crops), so a model that finds lines in a crop takes it whole instead of looking for more.
+TEXT_LINE_INFO = "docmarkup_text_line"
 
 
 @dataclass

@@ -83,6 +83,34 @@ def load_ppocr_recognizer(path: str | Path | None = None) -> torch.nn.Module:
     return convert(model).eval()
 
 
+FEATURE_TENSOR = "p2o.pd_op.transpose.8.0"  # the CTC head's input: the 120-d feature of each column
+
+
+class OnnxRecognizer:
+    """The recogniser in onnxruntime, with the CTC head's input as a second output: on CPU ~10x
+    faster than the converted module, for a tower that is frozen anyway (nothing to backpropagate)."""
+
+    def __init__(self, path: str | Path | None = None, threads: int | None = None):
+        import onnx
+        import onnxruntime
+
+        model = onnx.load(str(path or ppocr_recognizer_path()))
+        model.graph.output.append(onnx.helper.make_tensor_value_info(FEATURE_TENSOR, onnx.TensorProto.FLOAT, None))
+        options = onnxruntime.SessionOptions()
+        options.log_severity_level = 3
+        if threads:
+            options.intra_op_num_threads = int(threads)
+        self.session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                                    providers=["CPUExecutionProvider"])
+        self.input_name = self.session.get_inputs()[0].name
+
+    def __call__(self, lines: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Lines (B, 48, W) in [-1, 1] -> CTC probabilities (B, W / 8, classes), features (B, W / 8, 120)."""
+        pixels = lines.detach().float().cpu()[:, None].expand(-1, 3, -1, -1).contiguous().numpy()
+        probs, features = self.session.run(None, {self.input_name: pixels})
+        return torch.from_numpy(probs), torch.from_numpy(features)
+
+
 def ppocr_charset(path: str | Path | None = None) -> list[str]:
     """The recogniser's characters in output order after the blank (index i + 1 is ``charset[i]``);
     the last output is a space."""

@@ -1,8 +1,11 @@
 """docmarkup-reader: an element model for real documents, built on a pretrained line recogniser.
 
-The vision tower is PP-OCRv6's text-line recogniser (:mod:`models.ocr_encoder`, frozen): an
-element crop is cut into its text lines (:func:`find_lines`), each line is encoded at 48 pixels
-high, and its CTC frames are collapsed greedily (one frame per character the recogniser emits).
+The vision tower is PP-OCRv6's text-line recogniser (:mod:`models.ocr_encoder`, frozen; run in
+onnxruntime on CPU): on a page, the reader reads the lines the page front end's detector found
+(:mod:`components.parsing.frontend`, one crop per line, marked ``TEXT_LINE_INFO``); an element crop
+without a detector (the ground-truth layout, training) is cut into its lines by its ink profile
+(:func:`find_lines`). Each line is encoded at 48 pixels high, and its CTC frames are collapsed
+greedily (one frame per character the recogniser emits).
 Each kept frame becomes one prefix slot: the tower's 120-d feature, projected, plus the mean of
 the decoder's own token embedding of each of the character's UTF-8 bytes, one slot per byte (the
 embedding table is shared, so a slot says which byte the tower saw in the decoder's own terms). A start slot carries the
@@ -16,6 +19,12 @@ same position as the slot of the ``k``-th character it has to write: copying is 
 relative distance 0, which a small decoder learns in a few hundred CPU steps. The engine's
 positions are unchanged (tokens continue at ``P + k``); only the prefix's are chosen here, once,
 in :meth:`ReaderForConditionalGeneration.prefill` and in the training forward alike.
+
+The copy prior: every logit gets ``copy_gate`` added on the token of the slot that shares its
+position (:meth:`ReaderForConditionalGeneration.copy_bias`), in training and in every decoder (the
+engine's ``adjust_logits`` hook). A fresh reader (gate 12, decoder random) therefore writes the
+recogniser's collapsed CTC reading token for token and stops at the end slot; training moves away
+from that reading only where its targets say so.
 
 The model implements :class:`models.interface.TrainableMarkupLM`, so every decoder of the engine
 decodes it and every objective of the mix trains it. Batches of elements have prefixes of
@@ -49,13 +58,23 @@ from transformers import (
 from transformers.configuration_utils import SubConfigSpec
 
 from models.docvlm import attention_implementations
-from models.interface import PagePrefix
-from models.ocr_encoder import COLUMN_STRIDE, LINE_HEIGHT, load_ppocr_recognizer, ppocr_recognizer_path
+from models.interface import TEXT_LINE_INFO, PagePrefix
+from models.ocr_encoder import (
+    COLUMN_STRIDE,
+    LINE_HEIGHT,
+    OnnxRecognizer,
+    load_ppocr_recognizer,
+    ppocr_recognizer_path,
+)
 from models.qwen2_decoder import Qwen2DecoderMixin
 
 MODEL_TYPE = "docmarkup_reader"
 INK_THRESHOLD = 170  # a pixel darker than this is ink
 LINE_MARGIN = 3  # pixels kept around a line's ink
+# White columns (at 48 px high) before and after a line: the recogniser's CTC emits a line's first
+# and last characters only with blank columns around them (RapidOCR pads its crops too); without
+# them "will" read as "wil" and "list" as "ist" on real pages.
+QUIET_LEFT, QUIET_RIGHT = 8, 16
 MAX_BYTES = 4  # UTF-8 bytes of one character
 FIRST_CHARACTER_SLOT = 2  # slot 0 is the start, slot 1 the first line's separator
 MAX_CACHED_LINES = 200_000
@@ -66,6 +85,8 @@ MIN_RULED_HEIGHT = 48  # crop rows from which such a column can be a rule (a 144
 SLOTS_BOUND = 6  # CTC columns one character takes at most (measured ~2.4 on 144-dpi pages)
 COLUMNS_PER_CHARACTER = 2.0  # fewer than measured, so that a piece's slots are over-estimated
 PIECE_FILL = 0.75  # a reading piece's estimated slots, as a share of the training prefix budget
+COPY_PRIOR = 12.0  # a new reader's copy gate: above a random decoder's logit spread, so it copies
+SPACE_TOKEN = "Ġ"  # the byte-level tokenizer's space
 OUTPUT_SLACK, OUTPUT_MARGIN = 4, 16  # tokens written at most: slots + slots / 4 + 16 (one per slot when read right)
 
 
@@ -90,6 +111,12 @@ class ReaderConfig(PreTrainedConfig):
     # False: the reader writes an element's text and the layout's category gives its form (# title,
     # code fence), so every written token has a slot; True: it writes the markup form itself.
     writes_markup: bool = False
+    # The copy prior: the logit of the byte the position-aligned slot stands for gets ``copy_gate``
+    # added (a learned scalar that starts here), so an untrained decoder writes the recogniser's
+    # collapsed CTC reading and training departs from it only where the data says so. 0 = none (the
+    # readers trained before it). A line separator slot stands for ``separator_token_id`` (a space).
+    copy_prior: float = 0.0
+    separator_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
@@ -166,6 +193,16 @@ def find_lines(gray: np.ndarray, ink_threshold: int = INK_THRESHOLD) -> list[tup
     return boxes
 
 
+def main_line(gray: np.ndarray, ink_threshold: int = INK_THRESHOLD) -> list[tuple[int, int, int, int]]:
+    """The ink of a detector's line crop: of the ink runs, the one with the most ink (the box may
+    catch a neighbouring line's descenders or ascenders); its height is the line's."""
+    boxes = find_lines(gray, ink_threshold)
+    if len(boxes) <= 1:
+        return boxes
+    ink = gray < ink_threshold
+    return [max(boxes, key=lambda b: int(ink[b[1]:b[3], b[0]:b[2]].sum()))]
+
+
 def line_groups(gray: np.ndarray, max_slots: float) -> list[tuple[int, int]]:
     """Rows (top, bottom) cutting a crop into runs of whole lines whose estimated prefix slots stay
     within ``max_slots`` (a line of width w at height h fills about w·48/h / stride / columns-per-character
@@ -220,15 +257,20 @@ def reader_inputs(images: list[Image.Image], max_line_width: int = 2048, width_b
     lines, widths, owner, indent, span, heights = [], [], [], [], [], []
     for index, image in enumerate(images):
         gray = np.asarray(image.convert("L"))
-        boxes = find_lines(gray)
+        boxes = main_line(gray) if image.info.get(TEXT_LINE_INFO) else find_lines(gray)
         heights.append(float(np.median([b[3] - b[1] for b in boxes])) if boxes else 0.0)
+        if image.info.get(TEXT_LINE_INFO) and boxes:
+            # the detector's box is the line as the recogniser reads it: descenders included (an ink
+            # run cut at the baseline by a neighbour's ascenders would lose them), and its margins
+            # kept (trimmed to the ink, "will" read as "wil" and "100." as "100" on real pages)
+            boxes = [(0, 0, gray.shape[1], gray.shape[0])]
         left = min((b[0] for b in boxes), default=0)
         for box in boxes:
             pixels = line_pixels(gray, box, max_line_width)
-            width = pixels.shape[1]
+            width = QUIET_LEFT + pixels.shape[1] + QUIET_RIGHT
             padded = -(-width // width_bucket) * width_bucket
             line = np.ones((LINE_HEIGHT, padded), dtype=np.float32)
-            line[:, :width] = pixels
+            line[:, QUIET_LEFT:QUIET_LEFT + pixels.shape[1]] = pixels
             lines.append(torch.from_numpy(line))
             widths.append(width)
             owner.append(index)
@@ -241,34 +283,58 @@ def reader_inputs(images: list[Image.Image], max_line_width: int = 2048, width_b
 
 @dataclass
 class ReaderPrefix(PagePrefix):
-    """Right-padded element prefixes: ``valid`` (B, P) is False on padding."""
+    """Right-padded element prefixes: ``valid`` (B, P) is False on padding; ``slot_tokens`` (B, P) the
+    token each slot stands for (a character's byte, a separator, the end's ``<eos>``; -1 none)."""
 
     valid: torch.Tensor
+    slot_tokens: torch.Tensor
 
     def __getitem__(self, index) -> ReaderPrefix:
-        return ReaderPrefix(self.embeds[index], self.valid[index])
+        return ReaderPrefix(self.embeds[index], self.valid[index], self.slot_tokens[index])
 
 
 class _Tower:
     """The frozen recogniser, kept out of the module tree (its weights ship in the rapidocr wheel,
-    checked by hash, not in our checkpoint); it returns (CTC probabilities, features) per frame."""
+    checked by hash, not in our checkpoint); it returns (CTC probabilities, features) per frame. On
+    CPU it runs in onnxruntime (the converted module is ~10x slower there); on an accelerator the
+    converted torch module runs on the model's device."""
 
     def __init__(self, expected_sha256: str):
-        path = ppocr_recognizer_path()
-        if expected_sha256 and _file_sha256(path) != expected_sha256:
-            raise ValueError(f"{path} is not the recogniser this reader was trained on (sha256 differs): "
+        self.path = ppocr_recognizer_path()
+        if expected_sha256 and _file_sha256(self.path) != expected_sha256:
+            raise ValueError(f"{self.path} is not the recogniser this reader was trained on (sha256 differs): "
                              "install the rapidocr version named in requirements")
-        self.module = load_ppocr_recognizer(path)
-        for parameter in self.module.parameters():
-            parameter.requires_grad_(False)
-        head = dict(self.module.named_modules())["MatMul/12"]  # the CTC head's matmul: its input is the feature
+        self._module: nn.Module | None = None
+        self._onnx: OnnxRecognizer | None = None
         self._captured: list[torch.Tensor] = []
-        head.register_forward_hook(lambda _m, inputs, _out: self._captured.append(inputs[0]))
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
+
+    @property
+    def module(self) -> nn.Module:
+        if self._module is None:
+            module = load_ppocr_recognizer(self.path)
+            for parameter in module.parameters():
+                parameter.requires_grad_(False)
+            head = dict(module.named_modules())["MatMul/12"]  # the CTC head's matmul: its input is the feature
+            head.register_forward_hook(lambda _m, inputs, _out: self._captured.append(inputs[0]))
+            self._module = module.to(self.device, self.dtype)
+        return self._module
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        self.device = torch.device(device) if device is not None else self.device
+        self.dtype = dtype if dtype is not None and dtype.is_floating_point else self.dtype
+        if self._module is not None:
+            self._module.to(self.device, self.dtype)
 
     @torch.no_grad()
     def __call__(self, lines: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.device.type == "cpu":
+            if self._onnx is None:
+                self._onnx = OnnxRecognizer(self.path)
+            return self._onnx(lines)
         self._captured.clear()
-        probs = self.module(lines[:, None].expand(-1, 3, -1, -1))
+        probs = self.module(lines.to(self.device, self.dtype)[:, None].expand(-1, 3, -1, -1))
         return probs, self._captured.pop()
 
 
@@ -276,6 +342,9 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
     """Line recogniser prefix + byte-level Qwen2 decoder; implements :class:`models.interface.TrainableMarkupLM`."""
 
     takes_task_prompts = False  # the crop alone says what it is: its line height, its font, its indentation
+    # On a page with a detected layout it reads the text lines the page front end's detector found
+    # (components.parsing.frontend), one crop per line; the front end makes the blocks.
+    reads_text_lines = True
     config_class = ReaderConfig
     base_model_prefix = "reader"
     main_input_name = "pixel_values"
@@ -294,6 +363,7 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
         self.start_embedding = nn.Embedding(config.height_buckets, hidden)
         self.separator_embedding = nn.Embedding(config.indent_buckets, hidden)
         self.end_embedding = nn.Parameter(torch.zeros(hidden))
+        self.copy_gate = nn.Parameter(torch.tensor(float(config.copy_prior)))
         self.language_model = Qwen2ForCausalLM(config.text_config)
         # The byte tokens of each tower class (-1 padded): set by new_reader_model from the tokenizer.
         self.register_buffer("class_bytes", torch.full((config.num_classes, MAX_BYTES), -1, dtype=torch.long))
@@ -304,19 +374,28 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
         self._cache_saved_size = 0
         self.post_init()
 
+    def _init_weights(self, module: nn.Module) -> None:
+        """A checkpoint saved before the copy prior has no ``copy_gate``: it starts at the config's
+        ``copy_prior`` (0 for those), never at uninitialised memory."""
+        if module is self:
+            with torch.no_grad():
+                self.copy_gate.fill_(float(self.config.copy_prior))
+            return
+        super()._init_weights(module)
+
     # ----- the tower ---------------------------------------------------------------------------
     @property
     def tower(self) -> _Tower:
         if self._tower is None:
             self._tower = _Tower(self.config.tower_sha256)
-            self._tower.module.to(self.device)
+            self._tower.to(self.device)
         return self._tower
 
     def _apply(self, fn, recurse=True):
         """``.to()`` and casts move the (unregistered) tower along."""
         result = super()._apply(fn, recurse)
         if self._tower is not None:
-            self._tower.module._apply(fn)
+            self._tower.to(self.device, self.dtype)
         return result
 
     def line_frames(self, lines: list[torch.Tensor], widths: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -377,7 +456,7 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
 
     @property
     def tower_dtype(self) -> torch.dtype:
-        return next(self.tower.module.parameters()).dtype
+        return self.tower.dtype
 
     # ----- the prefix ---------------------------------------------------------------------------
     def cpu_preprocessor(self):
@@ -391,6 +470,8 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
         """The crop as the pieces this reader reads well: runs of whole lines no longer than the
         prefixes it was trained on (a long element read whole loops or drifts past that length).
         Callers read the pieces and join their texts (see :mod:`components.parsing.pieces`)."""
+        if image.info.get(TEXT_LINE_INFO):
+            return [image]
         fill = PIECE_FILL * self.config.max_train_slots
         rows = line_groups(np.asarray(image.convert("L")), fill)
         if len(rows) == 1:
@@ -419,29 +500,46 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
         config = self.config
         hidden = config.text_config.hidden_size
         pieces: list[list[torch.Tensor]] = [[] for _ in range(inputs.n_elements)]
+        tokens: list[list[torch.Tensor]] = [[] for _ in range(inputs.n_elements)]
+        none = torch.full((1,), -1, dtype=torch.long, device=self.device)
+        separator = none if config.separator_token_id is None else torch.full_like(none, config.separator_token_id)
         heights = inputs.height.round().long().clamp(0, config.height_buckets - 1)
         for b in range(inputs.n_elements):
             pieces[b].append(self.start_embedding(heights[b])[None])
+            tokens[b].append(none)
         for i, (classes, features) in enumerate(frames):
             owner = int(inputs.element[i])
+            if not len(classes):  # a run of ink the recogniser reads as nothing is no line to write
+                continue
             # indentation in characters: the line's own crop pixels per character it holds
             indent = round(float(inputs.indent[i]) * len(classes) / float(inputs.span[i])) if len(classes) else 0
             pieces[owner].append(self.separator_embedding(torch.tensor([min(indent, config.indent_buckets - 1)],
                                                                         device=self.device)))
-            if len(classes):
-                pieces[owner].append(self.character_slots(classes, features))
+            tokens[owner].append(separator)
+            pieces[owner].append(self.character_slots(classes, features))
+            byte_ids = self.class_bytes[classes]
+            tokens[owner].append(byte_ids[byte_ids >= 0])
+        eos = torch.full_like(none, -1 if config.eos_token_id is None else config.eos_token_id)
         for b in range(inputs.n_elements):
+            if len(pieces[b]) == 1:  # nothing read: a separator keeps the end at the first token's slot
+                pieces[b].append(self.separator_embedding(torch.zeros(1, dtype=torch.long, device=self.device)))
+                tokens[b].append(none)
             pieces[b].append(self.end_embedding[None])
+            tokens[b].append(eos)
         sequences = [torch.cat(p) for p in pieces]
+        slot_ids = [torch.cat(t) for t in tokens]
         if self.training:
             sequences = [s[: config.max_train_slots] for s in sequences]
+            slot_ids = [t[: config.max_train_slots] for t in slot_ids]
         length = max(s.shape[0] for s in sequences)
         embeds = sequences[0].new_zeros(len(sequences), length, hidden)
         valid = torch.zeros(len(sequences), length, dtype=torch.bool, device=self.device)
+        slot_tokens = torch.full((len(sequences), length), -1, dtype=torch.long, device=self.device)
         for b, sequence in enumerate(sequences):
             embeds[b, : len(sequence)] = sequence
             valid[b, : len(sequence)] = True
-        return ReaderPrefix(embeds=embeds, valid=valid)
+            slot_tokens[b, : len(sequence)] = slot_ids[b]
+        return ReaderPrefix(embeds=embeds, valid=valid, slot_tokens=slot_tokens)
 
     def _within_training_budget(self, inputs: ReaderInputs) -> ReaderInputs:
         """Each element's first lines until they surely fill ``max_train_slots`` (a character takes at
@@ -462,6 +560,26 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
         """Slot ``j`` at ``P + j - 2``: the slot of the ``k``-th character shares token ``k``'s position."""
         return (torch.arange(n_prefix, device=device) + n_prefix - FIRST_CHARACTER_SLOT).expand(batch, -1)
 
+    def copy_bias(self, logits: torch.Tensor, positions: torch.Tensor, slot_tokens: torch.Tensor) -> torch.Tensor:
+        """``logits`` (B, Q, V) of tokens at engine ``positions`` (B, Q) plus ``copy_gate`` on the token
+        of the slot sharing each one's position (slot ``j`` at ``P + j - 2``, see the module doc)."""
+        n_prefix = slot_tokens.shape[1]
+        slot = positions - n_prefix + FIRST_CHARACTER_SLOT
+        inside = (slot >= 0) & (slot < n_prefix)
+        target = torch.gather(slot_tokens, 1, slot.clamp(0, n_prefix - 1))
+        target = torch.where(inside, target, torch.full_like(target, -1))
+        present = target >= 0
+        bias = torch.zeros_like(logits)
+        bias.scatter_(-1, target.clamp(min=0)[..., None], present[..., None].to(logits.dtype))
+        return logits + self.copy_gate.to(logits.dtype) * bias
+
+    def adjust_logits(self, logits: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, cache) -> torch.Tensor:
+        """The engine's hook after every decoder forward: the copy prior for the rows still decoding."""
+        slot_tokens = getattr(cache, "slot_tokens", None)
+        if slot_tokens is None or not float(self.copy_gate.detach()):
+            return logits
+        return self.copy_bias(logits, positions.to(logits.device), slot_tokens.to(logits.device)[rows.to(logits.device)])
+
     # ----- training interface (the rest comes from Qwen2DecoderMixin) ---------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 prefix: ReaderPrefix, **_unused) -> dict[str, torch.Tensor]:
@@ -474,7 +592,8 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
         embeds = torch.cat([prefix.embeds, self.language_model.get_input_embeddings()(input_ids)], dim=1)
         out = self.language_model.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
                                          use_cache=False)
-        return {"logits": self.language_model.lm_head(out.last_hidden_state[:, n_prefix:])}
+        logits = self.language_model.lm_head(out.last_hidden_state[:, n_prefix:])
+        return {"logits": self.copy_bias(logits, position_ids[:, n_prefix:], prefix.slot_tokens)}
 
     # ----- decoding interface ---------------------------------------------------------------------
     @torch.inference_mode()
@@ -494,9 +613,11 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
         out = self.language_model(inputs_embeds=embeds, position_ids=positions, attention_mask=mask, cache=cache,
                                   use_cache=True)
         cache.prefix_valid = prefix.valid
+        cache.slot_tokens = prefix.slot_tokens
         slots = prefix.valid.sum(1)
         cache.output_budget = (slots + slots // OUTPUT_SLACK + OUTPUT_MARGIN).tolist()
-        return out.logits[:, n_prefix:], cache
+        prompt_logits = self.copy_bias(out.logits[:, n_prefix:], positions[:, n_prefix:], prefix.slot_tokens)
+        return prompt_logits, cache
 
 
 def class_byte_table(tokenizer, charset: list[str], max_bytes: int = MAX_BYTES) -> torch.Tensor:
@@ -522,6 +643,7 @@ def new_reader_model(seed: int = 0, **overrides) -> tuple[ReaderForConditionalGe
 
     tokenizer = byte_tokenizer()
     torch.manual_seed(seed)
+    overrides = {"copy_prior": COPY_PRIOR, "separator_token_id": tokenizer.convert_tokens_to_ids(SPACE_TOKEN)} | overrides
     model = ReaderForConditionalGeneration(reader_config(len(tokenizer), special_token_ids(tokenizer), **overrides))
     model.class_bytes.copy_(class_byte_table(tokenizer, ppocr_charset()))
     return model.eval(), tokenizer

@@ -1,23 +1,23 @@
-"""The offline pre-annotation's page layout without OCR: reading order on two-column pages, code
+"""The page front end's blocks without OCR: reading order on two-column pages, code
 listings, and what layout-model regions make of OCR boxes (boxes built by hand)."""
 
 from __future__ import annotations
 
-from components.curation.preannotate.code_listing import is_listing, listing_runs, looks_like_code
-from components.curation.preannotate.rapidocr import OcrLine, RapidOCRAnnotator, RapidOCRConfig
 from components.data.markup import parse_markup, render_markup
 from components.data.pages import LayoutElement, Page
+from components.parsing.frontend import Blocks, FrontEndConfig, LineBox
+from components.parsing.frontend.code_listing import is_listing, listing_runs, looks_like_code
 from components.parsing.layout import LayoutRegion
 from components.parsing.reading_order import find_gutter, reading_order
 
 WIDTH, HEIGHT = 1200, 1600
 
 
-def box(text: str, x0: float, y0: float, x1: float, height: float = 20.0) -> OcrLine:
-    return OcrLine(text, 0.99, x0, y0, x1, y0 + height)
+def box(text: str, x0: float, y0: float, x1: float, height: float = 20.0) -> LineBox:
+    return LineBox(text, 0.99, x0, y0, x1, y0 + height)
 
 
-def two_column_boxes() -> list[OcrLine]:
+def two_column_boxes() -> list[LineBox]:
     """A title across the page, then two columns of six lines each."""
     boxes = [box("A Title Across Both Columns", 300, 100, 900, 30)]
     for i in range(6):
@@ -27,8 +27,7 @@ def two_column_boxes() -> list[OcrLine]:
 
 
 def layout_markup(boxes, regions=(), **config) -> tuple[str, list]:
-    annotator = RapidOCRAnnotator(RapidOCRConfig(layout_model=None, **config))
-    blocks = annotator.layout(boxes, (WIDTH, HEIGHT), list(regions))
+    blocks = Blocks(FrontEndConfig(layout_model=None, **config)).build(boxes, (WIDTH, HEIGHT), list(regions))
     elements = [LayoutElement(b.category, b.box, b.content or "") for b in blocks]
     page = Page("p", "", WIDTH, HEIGHT, elements)
     return page.markup, blocks

@@ -55,3 +55,32 @@ def test_side_by_side_listings_become_code_blocks(annotator):
     markup = annotator.annotate(image, "listings-20").markup
     assert "<table" not in markup and markup.count("```text") >= 2
     assert "j:=square(root(i));" in markup
+
+
+@pytest.fixture(scope="module")
+def untrained_reader():
+    """A freshly initialised reader (copy prior on, decoder random) in element mode, as the
+    ``model`` pre-annotation backend runs it."""
+    from components.curation.preannotate import ModelAnnotator
+    from components.decoding.engine import DecodingEngine
+    from components.parsing import ParseSettings
+    from models.reader import new_reader_model
+
+    model, tokenizer = new_reader_model(seed=0)
+    return ModelAnnotator(DecodingEngine(model, tokenizer), max_new_tokens=400, parsing=ParseSettings("elements"))
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDS))
+def test_the_reader_reads_a_real_page_through_the_front_end_as_well_as_the_recogniser(untrained_reader, name):
+    """The reader's page is the page front end's: the detector's lines (none lost outside the layout
+    regions), furniture dropped, tables with SLANet's structure from the reader's cell text, code
+    fenced, columns in order. Untrained, it writes what its recogniser reads, so it scores within the
+    OCR backend's bounds on the same pages."""
+    bench, image, truth = read_fixture(FIXTURES / f"{name}.json")
+    annotation = untrained_reader.annotate(image, name)
+    row = score_page(bench, truth, annotation, 0.0)
+    assert row["furniture_removed"] == row["furniture"] >= 1, annotation.markup[:400]
+    assert row["tables_found"] == row["tables"], annotation.markup
+    assert row["code_as_table"] == 0
+    assert row["body_text_edit"] <= BOUNDS[name], (row, annotation.markup[:600])
+    assert annotation.extra["parse"] == "elements" and annotation.extra["failed_elements"] == 0

@@ -233,15 +233,49 @@ def test_pieces_are_decoded_in_one_batch_and_merged_in_order(reader):
     assert merged_short.token_ids == engine.generate([short], params)[0].token_ids
 
 
-def test_a_runaway_row_stops_at_its_prefix_budget_not_at_max_new_tokens(reader):
-    """An untrained reader never writes <eos>: each row stops at about one token per prefix slot."""
+def test_a_runaway_row_stops_at_its_prefix_budget_not_at_max_new_tokens():
+    """An untrained reader without the copy prior never writes <eos>: each row stops at about one
+    token per prefix slot."""
     from components.decoding.engine import DecodingEngine
     from components.decoding.types import DecodeParams
+    from models.reader import new_reader_model
 
-    model, tokenizer = reader
+    model, tokenizer = new_reader_model(seed=0, copy_prior=0.0)
     engine = DecodingEngine(model, tokenizer)
     crops = [_crop(["ab"], size=20), _crop(["a much longer line of text here"], size=20)]
     slots = model.encode_pages(model.preprocess(crops)).valid.sum(1).tolist()
     results = engine.generate(crops, DecodeParams(max_new_tokens=500))
     assert not any(r.finished for r in results)
     assert [len(r.token_ids) for r in results] == [count + count // 4 + 16 for count in slots]
+
+
+def test_an_untrained_reader_writes_the_recognisers_reading_token_for_token(reader):
+    """The copy prior: a freshly initialised reader, reading 200 real text lines the page front
+    end's detector found (real documentation pages it never trained on), writes exactly the
+    collapsed CTC reading of its frozen recogniser, byte token for byte token, and stops there."""
+    from pathlib import Path
+
+    from components.decoding.engine import DecodingEngine
+    from components.decoding.types import DecodeParams
+    from components.parsing.frontend import TextLineDetector
+    from components.parsing.frontend.sources import line_crop
+
+    model, tokenizer = reader
+    detector = TextLineDetector()
+    crops = []
+    for path in sorted(Path(__file__).parent.joinpath("fixtures", "real_pages").glob("*.png")):
+        page = Image.open(path).convert("RGB")
+        crops += [line_crop(page, box) for box in detector.detect(page)]
+    crops = crops[:200]
+    assert len(crops) == 200
+    inputs = model.preprocess(crops)
+    frames = model.line_frames(inputs.lines, inputs.widths)
+    expected: list[list[int]] = [[] for _ in crops]
+    for (classes, _), owner in zip(frames, inputs.element.tolist(), strict=True):
+        if expected[owner]:
+            expected[owner].append(model.config.separator_token_id)
+        expected[owner] += [int(t) for t in model.class_bytes[classes].flatten() if t >= 0]
+    results = DecodingEngine(model, tokenizer).generate(crops, DecodeParams(max_new_tokens=400))
+    eos = model.config.eos_token_id
+    assert sum(len(e) for e in expected) > 4000  # real lines, not empty crops
+    assert [r.token_ids for r in results] == [[*e, eos] for e in expected]

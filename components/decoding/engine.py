@@ -194,6 +194,7 @@ class DecodingEngine:
             rows[i] = RowState(row=i, tokens=[self.ids.bos], budget=min(budget, row_budgets[i]), generator=generator)
             strategy.start(rows[i])
         active = [rows[i] for i in range(len(images))]
+        adjust = getattr(self.model, "adjust_logits", None)
         lean = self.model.static_decoder() if self.static_cache and hasattr(self.model, "static_decoder") else None
         if lean is not None:
             slots: StaticSlots | DynamicSlots = StaticSlots(
@@ -220,6 +221,8 @@ class DecodingEngine:
             attention = masks.decode_step(slots.past_valid(), stored_valid.to(device), strategy.spec_length,
                                           strategy.pattern)
             spec_logits = slots.forward(input_ids.to(device), position_ids.to(device), attention, n_stored)
+            if adjust is not None:  # a model's own term on its logits (the reader's copy prior)
+                spec_logits = adjust(spec_logits, position_ids[:, n_stored:], torch.tensor([r.row for r in active]), cache)
             choices = choose_rows(spec_logits, params, [row.generator for row in active], strategy.banned)
 
             new_valid = torch.zeros((len(active), width), dtype=torch.bool)

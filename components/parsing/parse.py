@@ -17,20 +17,30 @@ from pathlib import Path
 
 from PIL import Image
 
+from components.data.markup import render_block
 from components.data.pages import Page
 from components.decoding.types import DecodeParams, DecodeResult, DecodeStats
 from components.parsing.assembly import assemble, element_markup, order_elements, recognition_category
 from components.parsing.crops import DEFAULT_CROP, CropSettings, crop_region
+from components.parsing.frontend import FrontEndPage, ModelLines, shared_front_end
 from components.parsing.layout import LAYOUTS, Layout, LayoutRegion, make_layout
 from components.parsing.layout.region import Box
-from components.parsing.pieces import generate_in_pieces
+from components.parsing.pieces import generate_in_pieces, joiner, merge_results
 from components.parsing.prompts import style_for_model, task_prompt
 
 logger = logging.getLogger(__name__)
 
 PARSE_MODES = ("page", "elements")
 NO_REGIONS = "layout found no regions"
+NO_LINES = "no text line found on the page"
 LAYOUT_ONLY = "layout-only category"
+
+
+def reads_detected_lines(engine, layout: Layout) -> bool:
+    """Whether pages go through the page front end with the model reading its lines: a model that
+    says it reads single text lines (the reader), under a detected layout. Under the ground-truth
+    layout (oracle evaluation) every true element's crop is read instead."""
+    return bool(getattr(getattr(engine, "model", None), "reads_text_lines", False)) and layout.name != "ground-truth"
 
 
 def trained_parse_mode(model_dir: str | Path) -> str:
@@ -135,6 +145,9 @@ def parse_pages(
     """Parse pages: layout per page, then every element of every page as one engine batch."""
     params = params or DecodeParams()
     pages = pages or [None] * len(images)
+    if reads_detected_lines(engine, layout):
+        source = ModelLines(engine, params)
+        return [front_end_parse(shared_front_end().read(image, source)) for image in images]
     style = style_for_model(getattr(engine, "model", None), prompt_style)
     writes_markup = getattr(getattr(engine, "model", None), "writes_markup", True)
     parses: list[PageParse] = []
@@ -172,6 +185,27 @@ def parse_pages(
             element.token_ids, element.confidences = outcome.token_ids, outcome.confidences
             element.confidence = outcome.stats.mean_confidence
     return parses
+
+
+def front_end_parse(page: FrontEndPage) -> PageParse:
+    """The front end's blocks as a page parse: each block one element, its decode the merged decodes
+    of the lines it holds (furniture and figures layout-only, as in region parsing)."""
+    parse = PageParse(page.width, page.height)
+    for block in page.blocks:
+        parse.elements.append(element := ParsedElement(block.category, block.box))
+        if recognition_category(block.category) is None:
+            element.skipped = LAYOUT_ONLY
+            continue
+        element.markup = render_block(block.category, block.content or "")
+        decoded = [piece.decoded for line in block.lines for piece in line.pieces if piece.decoded is not None]
+        if decoded:
+            result = merge_results(decoded, joiner(block.category))
+            element.stats, element.truncated = result.stats, result.truncated
+            element.token_ids, element.confidences = result.token_ids, result.confidences
+            element.confidence = result.stats.mean_confidence
+    if not page.blocks:
+        parse.reason = NO_LINES
+    return parse
 
 
 def parse(image: Image.Image, engine, layout: Layout, params: DecodeParams | None = None, page: Page | None = None,

@@ -30,9 +30,10 @@ blocks and leaked vision placeholder tokens are removed and nothing else is touc
 page (see :mod:`components.curation.storage`), so a crash or a server outage loses no finished
 page and a re-run never redoes one.
 
-One module per backend (``rapidocr``, ``model`` for both engine-backed ones, ``paddle_server``, ``paddle_pipeline``), the
-code listings of the offline default in ``code_listing`` (its layout model and reading order are
-shared with two-stage parsing: :mod:`components.parsing`), the shared record and markup cleanup in ``base``, the backend choice in ``factory``, the run in ``run``.
+One module per backend (``rapidocr``, ``pdf_text`` for ``pdf-text`` and ``auto``, ``model`` for both
+engine-backed ones, ``paddle_server``, ``paddle_pipeline``); the OCR backend and the reader share the
+page front end (:mod:`components.parsing.frontend`); the shared record and markup cleanup in
+``base``, the backend choice in ``factory``, the run in ``run``.
 """
 
 from components.curation.preannotate.base import (
@@ -61,8 +62,9 @@ from components.curation.preannotate.paddle_server import (
     PaddleOCRVLServerConfig,
     image_data_uri,
 )
-from components.curation.preannotate.rapidocr import RapidOCRAnnotator, RapidOCRConfig, unicode_math_to_latex
+from components.curation.preannotate.rapidocr import RapidOCRAnnotator, RapidOCRConfig
 from components.curation.preannotate.run import PreAnnotationReport, preannotate_dataset, preannotation_of
+from components.parsing.frontend import unicode_math_to_latex
 
 __all__ = [
     "BACKENDS",

@@ -1,0 +1,67 @@
+"""Line sources: who reads the text of the lines the front end found.
+
+- :class:`RecogniserLines`: PP-OCR's recogniser (RapidOCR's reading, the offline pre-annotation);
+- :class:`ModelLines`: a model of ours through the decoding engine (the reader): every box the
+  detector found on the page is cropped at native resolution and all of them are decoded as one
+  engine batch; each line keeps its decode (tokens, speed accounting).
+
+A PDF's text layer is the third source; its lines come with the page record, not from pixels
+(:mod:`components.curation.preannotate.pdf_text`).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from PIL import Image
+
+from components.decoding.types import DecodeParams
+from components.parsing.crops import CropSettings, native_crop
+from components.parsing.frontend.detector import TextLineDetector
+from components.parsing.frontend.lines import Box, LineBox
+from models.interface import TEXT_LINE_INFO
+
+LINE_CROP = CropSettings(margin=2)  # a detected box already has PP-OCR's unclip margin around its ink
+
+
+def line_crop(image: Image.Image, box: Box) -> Image.Image:
+    """A detected line's pixels, marked as one text line for the model that reads it."""
+    crop = native_crop(image, box, LINE_CROP)
+    crop.info[TEXT_LINE_INFO] = True
+    return crop
+
+
+class LineSource(Protocol):
+    name: str
+
+    def read(self, image: Image.Image, detector: TextLineDetector) -> list[LineBox]: ...
+
+
+class RecogniserLines:
+    name = "recogniser"
+
+    def read(self, image: Image.Image, detector: TextLineDetector) -> list[LineBox]:
+        return detector.recognise(image)
+
+
+class ModelLines:
+    """The detector's boxes read by a model through ``engine.generate`` (one batch per page)."""
+
+    name = "model"
+
+    def __init__(self, engine, params: DecodeParams | None = None):
+        self.engine = engine
+        self.params = params or DecodeParams()
+
+    def read(self, image: Image.Image, detector: TextLineDetector) -> list[LineBox]:
+        boxes = [box for box in detector.detect(image) if box[2] - box[0] >= 4 and box[3] - box[1] >= 4]
+        if not boxes:
+            return []
+        crops = [line_crop(image, box) for box in boxes]
+        results = self.engine.generate(crops, self.params)
+        lines = []
+        for box, result in zip(boxes, results, strict=True):
+            text = " ".join(result.text.split())
+            if text:
+                lines.append(LineBox(text, result.stats.mean_confidence, *box, decoded=result))
+        return lines
