@@ -284,13 +284,16 @@ def reader_inputs(images: list[Image.Image], max_line_width: int = 2048, width_b
 @dataclass
 class ReaderPrefix(PagePrefix):
     """Right-padded element prefixes: ``valid`` (B, P) is False on padding; ``slot_tokens`` (B, P) the
-    token each slot stands for (a character's byte, a separator, the end's ``<eos>``; -1 none)."""
+    token each slot stands for (a character's byte, a separator, the end's ``<eos>``; -1 none) and
+    ``slot_weights`` (B, P) how sure the recogniser was of it (its CTC frame's probability; 1 for a
+    separator or the end)."""
 
     valid: torch.Tensor
     slot_tokens: torch.Tensor
+    slot_weights: torch.Tensor
 
     def __getitem__(self, index) -> ReaderPrefix:
-        return ReaderPrefix(self.embeds[index], self.valid[index], self.slot_tokens[index])
+        return ReaderPrefix(self.embeds[index], self.valid[index], self.slot_tokens[index], self.slot_weights[index])
 
 
 class _Tower:
@@ -363,7 +366,7 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
         self.start_embedding = nn.Embedding(config.height_buckets, hidden)
         self.separator_embedding = nn.Embedding(config.indent_buckets, hidden)
         self.end_embedding = nn.Parameter(torch.zeros(hidden))
-        self.copy_gate = nn.Parameter(torch.tensor(float(config.copy_prior)))
+        self.copy_gate = nn.Parameter(torch.full((1,), float(config.copy_prior)))  # 1-d: DeepSpeed broadcasts no 0-d
         self.language_model = Qwen2ForCausalLM(config.text_config)
         # The byte tokens of each tower class (-1 padded): set by new_reader_model from the tokenizer.
         self.register_buffer("class_bytes", torch.full((config.num_classes, MAX_BYTES), -1, dtype=torch.long))
@@ -501,12 +504,15 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
         hidden = config.text_config.hidden_size
         pieces: list[list[torch.Tensor]] = [[] for _ in range(inputs.n_elements)]
         tokens: list[list[torch.Tensor]] = [[] for _ in range(inputs.n_elements)]
+        weights: list[list[torch.Tensor]] = [[] for _ in range(inputs.n_elements)]
+        one = torch.ones(1, device=self.device)
         none = torch.full((1,), -1, dtype=torch.long, device=self.device)
         separator = none if config.separator_token_id is None else torch.full_like(none, config.separator_token_id)
         heights = inputs.height.round().long().clamp(0, config.height_buckets - 1)
         for b in range(inputs.n_elements):
             pieces[b].append(self.start_embedding(heights[b])[None])
             tokens[b].append(none)
+            weights[b].append(one)
         for i, (classes, features) in enumerate(frames):
             owner = int(inputs.element[i])
             if not len(classes):  # a run of ink the recogniser reads as nothing is no line to write
@@ -516,30 +522,38 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
             pieces[owner].append(self.separator_embedding(torch.tensor([min(indent, config.indent_buckets - 1)],
                                                                         device=self.device)))
             tokens[owner].append(separator)
+            weights[owner].append(one)
             pieces[owner].append(self.character_slots(classes, features))
             byte_ids = self.class_bytes[classes]
             tokens[owner].append(byte_ids[byte_ids >= 0])
+            weights[owner].append(features[:, -1].float().repeat_interleave((byte_ids >= 0).sum(1)))
         eos = torch.full_like(none, -1 if config.eos_token_id is None else config.eos_token_id)
         for b in range(inputs.n_elements):
             if len(pieces[b]) == 1:  # nothing read: a separator keeps the end at the first token's slot
                 pieces[b].append(self.separator_embedding(torch.zeros(1, dtype=torch.long, device=self.device)))
                 tokens[b].append(none)
+                weights[b].append(one)
             pieces[b].append(self.end_embedding[None])
             tokens[b].append(eos)
+            weights[b].append(one)
         sequences = [torch.cat(p) for p in pieces]
         slot_ids = [torch.cat(t) for t in tokens]
+        slot_probs = [torch.cat(w) for w in weights]
         if self.training:
             sequences = [s[: config.max_train_slots] for s in sequences]
             slot_ids = [t[: config.max_train_slots] for t in slot_ids]
+            slot_probs = [w[: config.max_train_slots] for w in slot_probs]
         length = max(s.shape[0] for s in sequences)
         embeds = sequences[0].new_zeros(len(sequences), length, hidden)
         valid = torch.zeros(len(sequences), length, dtype=torch.bool, device=self.device)
         slot_tokens = torch.full((len(sequences), length), -1, dtype=torch.long, device=self.device)
+        slot_weights = torch.zeros(len(sequences), length, device=self.device)
         for b, sequence in enumerate(sequences):
             embeds[b, : len(sequence)] = sequence
             valid[b, : len(sequence)] = True
             slot_tokens[b, : len(sequence)] = slot_ids[b]
-        return ReaderPrefix(embeds=embeds, valid=valid, slot_tokens=slot_tokens)
+            slot_weights[b, : len(sequence)] = slot_probs[b]
+        return ReaderPrefix(embeds=embeds, valid=valid, slot_tokens=slot_tokens, slot_weights=slot_weights)
 
     def _within_training_budget(self, inputs: ReaderInputs) -> ReaderInputs:
         """Each element's first lines until they surely fill ``max_train_slots`` (a character takes at
@@ -560,17 +574,20 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
         """Slot ``j`` at ``P + j - 2``: the slot of the ``k``-th character shares token ``k``'s position."""
         return (torch.arange(n_prefix, device=device) + n_prefix - FIRST_CHARACTER_SLOT).expand(batch, -1)
 
-    def copy_bias(self, logits: torch.Tensor, positions: torch.Tensor, slot_tokens: torch.Tensor) -> torch.Tensor:
-        """``logits`` (B, Q, V) of tokens at engine ``positions`` (B, Q) plus ``copy_gate`` on the token
-        of the slot sharing each one's position (slot ``j`` at ``P + j - 2``, see the module doc)."""
+    def copy_bias(self, logits: torch.Tensor, positions: torch.Tensor, slot_tokens: torch.Tensor,
+                  slot_weights: torch.Tensor) -> torch.Tensor:
+        """``logits`` (B, Q, V) of tokens at engine ``positions`` (B, Q) plus ``copy_gate`` × the
+        recogniser's probability on the token of the slot sharing each one's position (slot ``j`` at
+        ``P + j - 2``, see the module doc): a character the recogniser was unsure of is copied with
+        less weight, so the reader's confidence and its samples (mining) show that doubt."""
         n_prefix = slot_tokens.shape[1]
-        slot = positions - n_prefix + FIRST_CHARACTER_SLOT
-        inside = (slot >= 0) & (slot < n_prefix)
-        target = torch.gather(slot_tokens, 1, slot.clamp(0, n_prefix - 1))
-        target = torch.where(inside, target, torch.full_like(target, -1))
-        present = target >= 0
+        aligned = positions - n_prefix + FIRST_CHARACTER_SLOT
+        inside = (aligned >= 0) & (aligned < n_prefix)
+        slot = aligned.clamp(0, n_prefix - 1)
+        target = torch.gather(slot_tokens, 1, slot)
+        weight = torch.gather(slot_weights, 1, slot) * (inside & (target >= 0))
         bias = torch.zeros_like(logits)
-        bias.scatter_(-1, target.clamp(min=0)[..., None], present[..., None].to(logits.dtype))
+        bias.scatter_(-1, target.clamp(min=0)[..., None], weight[..., None].to(logits.dtype))
         return logits + self.copy_gate.to(logits.dtype) * bias
 
     def adjust_logits(self, logits: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, cache) -> torch.Tensor:
@@ -578,7 +595,9 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
         slot_tokens = getattr(cache, "slot_tokens", None)
         if slot_tokens is None or not float(self.copy_gate.detach()):
             return logits
-        return self.copy_bias(logits, positions.to(logits.device), slot_tokens.to(logits.device)[rows.to(logits.device)])
+        rows = rows.to(logits.device)
+        return self.copy_bias(logits, positions.to(logits.device), slot_tokens.to(logits.device)[rows],
+                              cache.slot_weights.to(logits.device)[rows])
 
     # ----- training interface (the rest comes from Qwen2DecoderMixin) ---------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
@@ -593,7 +612,7 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
         out = self.language_model.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
                                          use_cache=False)
         logits = self.language_model.lm_head(out.last_hidden_state[:, n_prefix:])
-        return {"logits": self.copy_bias(logits, position_ids[:, n_prefix:], prefix.slot_tokens)}
+        return {"logits": self.copy_bias(logits, position_ids[:, n_prefix:], prefix.slot_tokens, prefix.slot_weights)}
 
     # ----- decoding interface ---------------------------------------------------------------------
     @torch.inference_mode()
@@ -613,10 +632,11 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
         out = self.language_model(inputs_embeds=embeds, position_ids=positions, attention_mask=mask, cache=cache,
                                   use_cache=True)
         cache.prefix_valid = prefix.valid
-        cache.slot_tokens = prefix.slot_tokens
+        cache.slot_tokens, cache.slot_weights = prefix.slot_tokens, prefix.slot_weights
         slots = prefix.valid.sum(1)
         cache.output_budget = (slots + slots // OUTPUT_SLACK + OUTPUT_MARGIN).tolist()
-        prompt_logits = self.copy_bias(out.logits[:, n_prefix:], positions[:, n_prefix:], prefix.slot_tokens)
+        prompt_logits = self.copy_bias(out.logits[:, n_prefix:], positions[:, n_prefix:], prefix.slot_tokens,
+                                       prefix.slot_weights)
         return prompt_logits, cache
 
 

@@ -235,3 +235,16 @@ def test_a_hard_element_is_marked_on_its_label_studio_region():
     assert "meta" not in rectangles[0] and "score" not in rectangles[0]
     assert rectangles[1]["score"] == 0.42 and rectangles[1]["meta"]["text"] == ["hard element: consistency 0.42"]
     assert rectangles[1]["value"]["y"] == 20.0 and rectangles[1]["value"]["height"] == 40.0
+
+
+def test_a_model_consistent_on_every_page_leaves_no_hard_store_and_nothing_to_queue(tmp_path):
+    """No page below tau: no hard store is written, and collecting the hard examples says so instead
+    of failing (the copy-prior reader is consistent on every page of the real demo)."""
+    from components.curation.workflow import collect_hard_examples
+    from components.pipeline import load_pipeline_config
+
+    cfg = load_pipeline_config("configs/pipeline/demo.yaml", {"data_dir": str(tmp_path / "data")})
+    generate_dataset(cfg.split_dir("train"), 2, seed=5)  # never mined: no page is hard
+    summary, predictions = collect_hard_examples(cfg, "models/pretrained/docmarkup-base", [])
+    assert predictions == [] and summary["hard"] == 0
+    assert not PageDataset(cfg.hard_dir).exists()

@@ -279,3 +279,25 @@ def test_an_untrained_reader_writes_the_recognisers_reading_token_for_token(read
     eos = model.config.eos_token_id
     assert sum(len(e) for e in expected) > 4000  # real lines, not empty crops
     assert [r.token_ids for r in results] == [[*e, eos] for e in expected]
+
+
+def test_a_reader_trains_through_the_deepspeed_trainer_and_keeps_a_learned_copy_gate(tmp_path):
+    """Every parameter goes through DeepSpeed's broadcast (a 0-d gate cannot), and the trained folder
+    loads with the gate it learned."""
+    from pathlib import Path
+
+    from components.training.config import load_train_config
+    from components.training.trainer import run_training
+    from models.loading import load_markup_model
+    from models.reader import COPY_PRIOR, new_reader_model
+
+    model, tokenizer = new_reader_model(seed=0)
+    model.save_folder(tmp_path / "init", tokenizer)
+    config = load_train_config("configs/train/reader.yaml", [
+        f"model.init_from={tmp_path / 'init'}", f"output_dir={tmp_path / 'out'}",
+        f"data.dataset={Path(__file__).parent / 'fixtures' / 'corpus_pages'}", "train.steps=2",
+        "train.micro_batch_size=2", "train.save_every=null", "optim.warmup_steps=1", "data.workers=0"])
+    result = run_training(config)
+    trained, _ = load_markup_model(result.model_dir)
+    assert trained.copy_gate.shape == (1,)
+    assert float(trained.copy_gate.detach()) != COPY_PRIOR  # it trained

@@ -313,7 +313,8 @@ def collect_hard_examples(cfg: PipelineConfig, model_dir, shard_reports: list[di
     engine = DecodingEngine.from_pretrained(model_dir)
     parsing = mining_parse(cfg, model_dir)
     predictions = []
-    for page in hard.iter_pages():
+    # a model consistent on every page leaves no hard page, and then no store: nothing to queue
+    for page in hard.iter_pages() if hard.exists() else ():
         [result] = read_pages(engine, [hard.load_image(page)], DecodeParams(max_new_tokens=section.max_new_tokens),
                               parsing, [page])
         elements, notes = (), ()
