@@ -200,3 +200,21 @@ def test_a_stage_that_ends_below_its_input_is_reported_and_the_chain_keeps_the_i
     assert not better.below and better.kept == str(base)
     cfg.training.keep_better = False
     assert check_stage(cfg, "stage1", base, curation_model_dir).kept == str(curation_model_dir)
+
+
+def test_stage2_without_hard_pages_trains_on_its_dataset_alone(tmp_path):
+    """Mining that finds no hard page leaves no hard store: Stage 2 must not point at the YAML's
+    default one (the real demo failed there), and with one it mixes it in."""
+    from components.data.synthetic import generate_dataset
+    from components.training.config import load_train_config
+    from components.training.stages import stage_overrides
+
+    cfg = load_pipeline_config("configs/pipeline/demo.yaml")
+    train = tmp_path / "train"
+    generate_dataset(train, 2, seed=3)
+    base = Path("models/pretrained/docmarkup-base")
+    none = stage_overrides(cfg, "stage2", train, base, None, None)
+    config = load_train_config(cfg.training.stages["stage2"].config, none)
+    assert config.data.hard_examples is None and config.data.hard_ratio == 0.0
+    some = stage_overrides(cfg, "stage2", train, base, tmp_path / "hard", None)
+    assert some["data.hard_examples"] == str(tmp_path / "hard") and "data.hard_ratio" not in some

@@ -49,6 +49,8 @@ def stage_overrides(cfg: PipelineConfig, stage: str, dataset_dir: Path, init_fro
         overrides["model.init_from"] = str(init_from)
     if hard_dir is not None:
         overrides["data.hard_examples"] = str(hard_dir)
+    else:  # mining found no hard page (or did not run): the stage trains on its dataset alone
+        overrides |= {"data.hard_examples": None, "data.hard_ratio": 0.0}
     if data_version:
         overrides["data.version"] = data_version
     overrides.update(cfg.training.stages[stage].overrides)
