@@ -23,6 +23,19 @@ BOUNDS = {"sigconf-2": 0.02, "listings-20": 0.05, "rintro-10": 0.01}
 pytestmark = pytest.mark.slow
 
 
+def annotate_within_bounds(backend, name: str):
+    """The fixture page annotated by ``backend``, checked as every backend's page is: furniture
+    removed, every table found, no listing as a table, body text edit within the page's bound."""
+    bench, image, truth = read_fixture(FIXTURES / f"{name}.json")
+    annotation = backend.annotate(image, name)
+    row = score_page(bench, truth, annotation, 0.0)
+    assert row["furniture_removed"] == row["furniture"] >= 1, annotation.markup[:400]
+    assert row["tables_found"] == row["tables"], annotation.markup
+    assert row["code_as_table"] == 0
+    assert row["body_text_edit"] <= BOUNDS[name], (row, annotation.markup[:600])
+    return annotation
+
+
 @pytest.fixture(scope="module")
 def annotator():
     return RapidOCRAnnotator(RapidOCRConfig())
@@ -30,13 +43,7 @@ def annotator():
 
 @pytest.mark.parametrize("name", sorted(BOUNDS))
 def test_real_page_furniture_tables_code_and_text(annotator, name):
-    bench, image, truth = read_fixture(FIXTURES / f"{name}.json")
-    annotation = annotator.annotate(image, name)
-    row = score_page(bench, truth, annotation, 0.0)
-    assert row["furniture_removed"] == row["furniture"] >= 1, annotation.markup[:400]
-    assert row["tables_found"] == row["tables"], annotation.markup
-    assert row["code_as_table"] == 0
-    assert row["body_text_edit"] <= BOUNDS[name], (row, annotation.markup[:600])
+    annotation = annotate_within_bounds(annotator, name)
     assert not any(e.content for e in annotation.elements if e.category in ("header", "footer", "figure"))
 
 
@@ -76,11 +83,5 @@ def test_the_reader_reads_a_real_page_through_the_front_end_as_well_as_the_recog
     regions), furniture dropped, tables with SLANet's structure from the reader's cell text, code
     fenced, columns in order. Untrained, it writes what its recogniser reads, so it scores within the
     OCR backend's bounds on the same pages."""
-    bench, image, truth = read_fixture(FIXTURES / f"{name}.json")
-    annotation = untrained_reader.annotate(image, name)
-    row = score_page(bench, truth, annotation, 0.0)
-    assert row["furniture_removed"] == row["furniture"] >= 1, annotation.markup[:400]
-    assert row["tables_found"] == row["tables"], annotation.markup
-    assert row["code_as_table"] == 0
-    assert row["body_text_edit"] <= BOUNDS[name], (row, annotation.markup[:600])
+    annotation = annotate_within_bounds(untrained_reader, name)
     assert annotation.extra["parse"] == "elements" and annotation.extra["failed_elements"] == 0

@@ -81,10 +81,6 @@ class Block:
 _REGION_KINDS = ("header", "footer", "table", "formula", "figure")  # regions that claim their boxes
 TABLE_CROP_PAD = 4  # pixels around a table region given to SLANet (its outer rules)
 
-def _char_width(line: LineBox) -> float:
-    return line.char_width
-
-
 class Blocks:
     """The block builder: ``build(lines, page_size, regions, image)`` -> blocks in reading order."""
 
@@ -115,7 +111,7 @@ class Blocks:
         wordy = [line for line in lines if len(line.text) >= 8 and len(line.parts) <= 1 and not looks_like_math(line.text)]
         wordy = wordy or lines or boxes
         body_height = statistics.median(line.height for line in wordy)
-        body_char = statistics.median(_char_width(line) for line in wordy)
+        body_char = statistics.median(line.char_width for line in wordy)
         furniture = [line for line in lines if self._is_furniture(line, lines, regions, height, body_height, body_char)]
         blocks += [Block(self._furniture_kind(line, height), [line]) for line in furniture]
         lines = [line for line in lines if not any(line is f for f in furniture)]
@@ -201,7 +197,7 @@ class Blocks:
         neighbour = min(below, key=lambda o: o.y0) if at_top else max(above, key=lambda o: o.y1) if above else None
         gap = (neighbour.y0 - line.y1 if at_top else line.y0 - neighbour.y1) if neighbour else page_height
         folio = re.fullmatch(r"[-–—\s]*([0-9]+|[ivxlcIVXLC]+)[-–—\s]*", line.text) is not None
-        char_ratio = _char_width(line) / body_char if body_char else 1.0
+        char_ratio = line.char_width / body_char if body_char else 1.0
         small = line.height < 0.8 * body_height or (line.height < 0.92 * body_height and char_ratio < 0.85)
         title_like = (line.height >= self.config.title_ratio * body_height
                       or char_ratio >= self.config.title_char_ratio)  # a paper's title sits at the top too
@@ -255,7 +251,7 @@ class Blocks:
                 category = "title"
             else:
                 taller = line.height >= cfg.title_ratio * body_height
-                wider = _char_width(line) >= cfg.title_char_ratio * body_char and line.height >= 0.9 * body_height
+                wider = line.char_width >= cfg.title_char_ratio * body_char and line.height >= 0.9 * body_height
                 category = "title" if taller or wider else "text"
             if blocks:
                 last = blocks[-1]
@@ -299,7 +295,7 @@ class Blocks:
         if gutter is not None and len(lines) >= 2:
             halves = [merge_lines([p for p in parts if (p.x0 >= gutter) == right]) for right in (False, True)]
             return [block for half in halves if half for block in self._code_blocks(half)]
-        char_width = statistics.median(_char_width(p) for p in parts)
+        char_width = statistics.median(p.char_width for p in parts)
         return [Block("code", lines, fenced_text([(line.text, line.x0) for line in lines], char_width))]
 
     @staticmethod
