@@ -49,6 +49,7 @@ from components.data.debian_docs import PackageFetchError, package_file
 from components.data.markup import parse_markup
 from components.data.text_layer import PageTruth, TextLine
 from components.data.text_layer import page_truth as layer_truth
+from components.evaluation.confidence import least_confident_share, rank_correlation
 from components.metrics.table import teds
 from components.metrics.text import clean_text, latex_to_unicode, normalized_edit_distance
 from components.services.process import VAR_DIR
@@ -227,6 +228,8 @@ def summarize(rows: list[dict]) -> dict:
         # Of the pages read badly (body text edit > 0.05), how many are among that many least
         # confident pages: what a budget queue of that size would catch.
         "bad_pages_in_least_confident": bad_pages_caught(rows),
+        # The share of all errors (body text edit summed over pages) on the 10 % least confident pages.
+        "errors_in_least_confident_tenth": least_confident_errors(rows),
     }
 
 
@@ -240,13 +243,15 @@ def bad_pages_caught(rows: list[dict], bad_edit: float = 0.05) -> str | None:
 
 def confidence_ranking(rows: list[dict]) -> float | None:
     """Spearman's rho between page confidence and body text edit distance (None when undefined)."""
-    from scipy.stats import spearmanr
+    rated = [r for r in rows if r.get("confidence") is not None]
+    return rank_correlation([r["confidence"] for r in rated], [r["body_text_edit"] for r in rated])
 
-    pairs = [(r["confidence"], r["body_text_edit"]) for r in rows if r.get("confidence") is not None]
-    if len(pairs) < 3 or len({c for c, _ in pairs}) < 2 or len({e for _, e in pairs}) < 2:
+
+def least_confident_errors(rows: list[dict]) -> float | None:
+    """The share of all body text edit held by the 10 % least confident pages (at least one)."""
+    if any(r.get("confidence") is None for r in rows):
         return None
-    rho = spearmanr([c for c, _ in pairs], [e for _, e in pairs]).statistic
-    return round(float(rho), 3)
+    return least_confident_share([r["confidence"] for r in rows], [r["body_text_edit"] for r in rows])
 
 
 # ---------------------------------------------------------------------------------------------

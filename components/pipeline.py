@@ -158,6 +158,9 @@ class EvaluationSection(_Strict):
     formula_metric: Literal["auto", "cdm", "edit"] = "auto"
     model_name: str = "docmarkup"
     gates: GatesSection = Field(default_factory=GatesSection)
+    # The free OCR scored on the same pages and reported beside the challenger and the incumbent
+    # (never gated on): "rapidocr" (the offline pre-annotation's own OCR) or None.
+    ocr_reference: Literal["rapidocr"] | None = None
 
 
 class DeploySection(_Strict):

@@ -133,10 +133,16 @@ def stage_lines(checks: list[dict]) -> list[str]:
 
 def baseline_lines(evaluation: dict) -> list[str]:
     """The challenger beside what it was compared with on the same pages, in this run."""
-    if not evaluation.get("baseline") or evaluation.get("baseline_score") is None or evaluation.get("score") is None:
-        return []
-    return [f"            {evaluation['score']:.2f} here vs {evaluation['baseline_score']:.2f} for "
-            f"{evaluation['baseline']} on the same pages"]
+    lines = []
+    if evaluation.get("baseline") and evaluation.get("baseline_score") is not None and evaluation.get("score") is not None:
+        lines.append(f"            {evaluation['score']:.2f} here vs {evaluation['baseline_score']:.2f} for "
+                     f"{evaluation['baseline']} on the same pages")
+    reference = evaluation.get("ocr_reference")
+    metric = (evaluation.get("gate_metric") or ".overall").split(".")[-1]  # the gated score, read off the reference
+    if reference and reference.get(metric) is not None:
+        lines.append(f"            {reference[metric]:.2f} for {reference['name']} (the free OCR, not gated; {metric}), "
+                     f"text edit {reference['text_edit']}, on the same {reference['pages']} pages")
+    return lines
 
 
 def _data_line(version: dict | None) -> str:

@@ -170,3 +170,24 @@ def test_a_sample_store_splits_by_document_and_a_pipeline_ingests_it_once(tmp_pa
     assert copy_pages(sample, target) == 5
     assert copy_pages(sample, target) == 0
     assert [p.elements for p in target.iter_pages()] == [p.elements for p in sample.iter_pages()]
+
+
+def test_an_underscore_under_the_baseline_stays_on_its_line(tmp_path):
+    """A typewriter underscore hangs below the baseline of a line without descenders; the line
+    must not break there ("let atom" / "_" / "A = 1" became three elements of the real corpus, whose
+    boxes then overlapped)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pypdfium2 as pdfium
+
+    from components.data.text_layer import text_layer_lines
+
+    figure = plt.figure(figsize=(6, 4))
+    figure.text(0.1, 0.6, "let atom_A = mk_atom one", fontsize=10, family="DejaVu Sans Mono")
+    figure.text(0.1, 0.4, "next line", fontsize=10, family="DejaVu Sans Mono")
+    figure.savefig(tmp_path / "page.pdf")
+    plt.close(figure)
+    lines = text_layer_lines(pdfium.PdfDocument(str(tmp_path / "page.pdf"))[0], dpi=144)
+    assert [line.text for line in lines] == ["let atom_A = mk_atom one", "next line"]

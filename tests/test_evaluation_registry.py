@@ -188,3 +188,22 @@ def test_auto_token_budget_comes_from_the_targets_and_the_models_positions(tiny_
     capped = token_budget(engine, [*pages, long_page])
     assert capped.max_new_tokens == capped.room and capped.too_long == 1
     assert "1 pages are longer than the model can emit" in capped.describe()
+
+
+def test_the_free_ocr_reference_is_scored_on_the_same_real_pages():
+    """RapidOCR reads held-out corpus pages (real documents, their text layer the truth) and is
+    scored with the page metrics evaluation uses; an unknown reference is a config error."""
+    from pydantic import ValidationError
+
+    from components.data.page_store import PageDataset
+    from components.evaluation.reference import ocr_reference_scores
+    from components.pipeline import EvaluationSection
+
+    store = PageDataset(Path(__file__).parent / "fixtures" / "corpus_pages")
+    pages = list(store.pages())[:2]
+    reference = ocr_reference_scores("rapidocr", store, pages, "edit")
+    assert reference["pages"] == 2 and reference["model_version"].startswith("rapidocr-")
+    # prose pages: the Overall counts the missing table and formula terms as 0, the terms present do not
+    assert reference["text_edit"] < 0.1 and reference["overall_present"] > 90 > 40 > reference["overall"], reference
+    with pytest.raises(ValidationError):
+        EvaluationSection(ocr_reference="tesseract")

@@ -91,12 +91,16 @@ class Page:
         return page
 
 
+MIN_IMAGE_SIDE = 8  # pixels: a smaller image (a lone bullet's crop) is nothing a model reads
+
+
 def validate_image(image: Image.Image, *, what: str = "page image") -> Image.Image:
     """Reject images no model can read: zero-size or blank-to-the-pixel pages."""
     if image.width == 0 or image.height == 0:
         raise InvalidPageError(f"{what} has zero size ({image.width}x{image.height})")
-    if image.width < 8 or image.height < 8:
-        raise InvalidPageError(f"{what} is too small to read ({image.width}x{image.height}); need at least 8x8")
+    if image.width < MIN_IMAGE_SIDE or image.height < MIN_IMAGE_SIDE:
+        raise InvalidPageError(f"{what} is too small to read ({image.width}x{image.height}); "
+                               f"need at least {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE}")
     return image
 
 

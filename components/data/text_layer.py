@@ -58,11 +58,18 @@ def _monospace(textpage, index: int, cache: dict[str, bool]) -> bool:
 
 
 def _same_visual_line(boxes: list[tuple[float, float, float, float]], box: tuple[float, float, float, float]) -> bool:
-    """Whether a character box (PDF points, y up) overlaps the line so far vertically by at least
-    a third of the smaller height: a superscript stays on its line, the next line does not."""
+    """Whether a character box (PDF points, y up) belongs to the line so far: it overlaps the line
+    vertically by at least a third of the smaller height (a superscript stays on its line, the next
+    line does not), or it is a low sliver at the line's foot that goes on rightwards (a typewriter
+    underscore hangs under the baseline of a line without descenders: "let atom_A" is one line)."""
     bottom, top = min(b[1] for b in boxes), max(b[3] for b in boxes)
     overlap = min(top, box[3]) - max(bottom, box[1])
-    return overlap >= min(top - bottom, box[3] - box[1]) / 3
+    if overlap >= min(top - bottom, box[3] - box[1]) / 3:
+        return True
+    line_height = top - bottom
+    sliver = box[3] - box[1] <= 0.35 * line_height
+    at_foot = bottom - 0.5 * line_height <= box[1] and box[3] <= bottom + 0.35 * line_height
+    return sliver and at_foot and box[0] >= boxes[-1][0]
 
 
 def text_layer_lines(page, dpi: float) -> list[TextLine]:

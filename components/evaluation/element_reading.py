@@ -22,10 +22,13 @@ from rapidfuzz.distance import Levenshtein
 
 from components.data.markup import parse_markup
 from components.data.page_store import PageDataset
+from components.data.pages import MIN_IMAGE_SIDE
 from components.decoding.types import DecodeParams
+from components.evaluation.confidence import least_confident_share, rank_correlation, reliability_table
 from components.parsing.assembly import element_content, element_markup
 from components.parsing.crops import DEFAULT_CROP, crop_region
-from components.parsing.pieces import generate_in_pieces
+from components.parsing.frontend.sources import TEXT_LAYER_LINE_CROP, line_crop
+from components.parsing.pieces import generate_groups, generate_in_pieces
 
 TEXT_LIKE = ("text", "title", "code")
 
@@ -42,18 +45,25 @@ class ElementReading:
     score: float | None  # TEDS (tables) or 1 - normalised edit distance (formulas); None for text-like
     forwards: int
     tokens: int
+    confidence: float | None = None  # the model's mean token confidence over the element
 
 
 def _collapsed(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-def store_elements(store: PageDataset, categories: tuple[str, ...], limit: int | None) -> Iterator[tuple[str, str, str, Image.Image]]:
-    """(page id, category, content, crop) of the store's elements, page by page, up to ``limit``."""
+def store_elements(store: PageDataset, categories: tuple[str, ...], limit: int | None,
+                   true_lines: bool = False) -> Iterator[tuple[str, str, str, Image.Image | list[Image.Image]]]:
+    """(page id, category, content, crop) of the store's elements, page by page, up to ``limit``.
+
+    ``true_lines``: instead of the crop, the element's true line boxes (``meta.element_lines``,
+    from the text layer), each cropped as the front end crops a detected line: the decoder on the
+    recogniser's own input, free of line finding (the same elements either way)."""
     count = 0
     for page in store.pages():
         image = None
-        for element in page.elements:
+        line_boxes = page.meta.get("element_lines") or [[] for _ in page.elements]
+        for element, boxes in zip(page.elements, line_boxes, strict=True):
             if element.category not in categories or not element.content.strip():
                 continue
             if limit is not None and count >= limit:
@@ -63,11 +73,15 @@ def store_elements(store: PageDataset, categories: tuple[str, ...], limit: int |
             if crop.image is None:
                 continue
             count += 1
-            yield page.page_id, element.category, element.content, crop.image
+            if true_lines:
+                lines = (line_crop(image, tuple(box), TEXT_LAYER_LINE_CROP) for box in boxes)
+                yield page.page_id, element.category, element.content, [c for c in lines if min(c.size) >= MIN_IMAGE_SIDE]
+            else:
+                yield page.page_id, element.category, element.content, crop.image
 
 
 def score_element(page_id: str, category: str, truth: str, markup: str, forwards: int, tokens: int,
-                  content: str | None = None) -> ElementReading:
+                  content: str | None = None, confidence: float | None = None) -> ElementReading:
     """``content``: what the model wrote when it writes bare text (the reader), else read off ``markup``."""
     blocks = parse_markup(markup) if markup.strip() else []
     form_kept = len(blocks) == 1 and blocks[0].category == category
@@ -83,24 +97,28 @@ def score_element(page_id: str, category: str, truth: str, markup: str, forwards
     collapsed_truth = _collapsed(truth)
     errors = Levenshtein.distance(_collapsed(content), collapsed_truth)
     return ElementReading(page_id, category, truth, markup, errors, len(collapsed_truth), form_kept, score, forwards,
-                          tokens)
+                          tokens, confidence)
 
 
 def read_store(engine, store: PageDataset, params: DecodeParams, categories: tuple[str, ...] = TEXT_LIKE,
-               limit: int | None = None, batch: int = 16) -> tuple[list[ElementReading], float]:
-    """Decode the store's elements in batches; the readings and the decoding seconds."""
+               limit: int | None = None, batch: int = 16, true_lines: bool = False) -> tuple[list[ElementReading], float]:
+    """Decode the store's elements in batches; the readings and the decoding seconds.
+    ``true_lines``: read each element's true line boxes instead of its crop."""
     readings: list[ElementReading] = []
     seconds = 0.0
     writes_markup = getattr(engine.model, "writes_markup", True)
-    pending: list[tuple[str, str, str, Image.Image]] = []
+    pending: list[tuple] = []
 
     def flush() -> None:
         nonlocal seconds
         if not pending:
             return
         started = time.perf_counter()
-        results = generate_in_pieces(engine, [item[3] for item in pending], params,
-                                     categories=[item[1] for item in pending])
+        categories_ = [item[1] for item in pending]
+        if true_lines:
+            results = generate_groups(engine, [item[3] for item in pending], params, categories=categories_)
+        else:
+            results = generate_in_pieces(engine, [item[3] for item in pending], params, categories=categories_)
         seconds += time.perf_counter() - started
         for (page_id, category, truth, _), result in zip(pending, results, strict=True):
             if writes_markup:
@@ -108,10 +126,10 @@ def read_store(engine, store: PageDataset, params: DecodeParams, categories: tup
             else:  # bare text: its form comes from the (here: true) category, as the parser gives it
                 markup, content = element_markup(category, result.text), result.text
             readings.append(score_element(page_id, category, truth, markup, result.stats.forward_passes,
-                                          result.stats.new_tokens, content))
+                                          result.stats.new_tokens, content, result.stats.mean_confidence))
         pending.clear()
 
-    for item in store_elements(store, categories, limit):
+    for item in store_elements(store, categories, limit, true_lines):
         pending.append(item)
         if len(pending) == batch:
             flush()
@@ -141,4 +159,15 @@ def summarize_readings(readings: list[ElementReading], seconds: float | None = N
                "forwards": forwards, "tokens": tokens, "tokens_per_forward": tokens / max(1, forwards)}
     if seconds is not None:
         summary |= {"seconds": seconds, "tokens_per_second": tokens / max(seconds, 1e-9)}
+    rated = [r for r in text_like if r.confidence is not None]
+    if rated:
+        summary["confidence"] = confidence_report(rated)
     return summary
+
+
+def confidence_report(readings: list[ElementReading]) -> dict:
+    """What the per-element confidence says about the element's errors (text-like elements)."""
+    confidences = [float(r.confidence) for r in readings]
+    return {"spearman_vs_element_cer": rank_correlation(confidences, [r.errors / max(1, r.length) for r in readings]),
+            "errors_in_least_confident_tenth": least_confident_share(confidences, [r.errors for r in readings]),
+            "reliability": reliability_table(confidences, [r.errors for r in readings], [r.length for r in readings])}

@@ -21,6 +21,7 @@ from components.evaluation.evaluate import (
     token_budget,
     write_category_tables,
 )
+from components.evaluation.reference import ocr_reference_scores
 from components.parsing import ParseSettings, resolve_parse
 from components.pipeline import PipelineConfig
 from components.registry import mlflow_registry as registry
@@ -131,6 +132,21 @@ def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version:
               "refused_own_output": report.refused_own_output, "truth": report.truth, "truth_line": report.truth_line,
               "table": report.table(), "ratios": report.ratios(), "tracking_uri": mlflow.get_tracking_uri(),
               "sample": sample_page(report, PageDataset(cfg.evaluation_dir))}
+    ocr_reference = None
+    if cfg.evaluation.ocr_reference:  # what the free OCR reads on the same pages, beside both models
+        ev = report.decoders.get(gates.score_decoder) or next(iter(report.decoders.values()))
+        dataset = PageDataset(cfg.evaluation_dir)
+        ocr_reference = ocr_reference_scores(cfg.evaluation.ocr_reference, dataset,
+                                             list(dataset.iter_pages(page_ids=[row["page_id"] for row in ev.pages])),
+                                             ev.formula_metric)
+        print(f"[evaluate] reference {ocr_reference['name']}: Overall {ocr_reference['overall']} (terms present "
+              f"{ocr_reference['overall_present']}), text edit {ocr_reference['text_edit']} on the same "
+              f"{ocr_reference['pages']} pages", flush=True)
+        with mlflow.start_run(run_id=run_id):
+            mlflow.log_metrics({f"reference.{ocr_reference['name']}.{key}": float(value) for key, value
+                                in ocr_reference.items() if key in ("overall", "overall_present", "text_edit", "seconds_per_page")
+                                and value is not None})
+    common["ocr_reference"] = ocr_reference
     same_as = unchanged_from(cfg, model_dir)
     if same_as is not None:  # no stage kept a change: nothing to register, promote or deploy
         reason = f"nothing new to promote: the weights are those of {same_as}"

@@ -25,15 +25,25 @@ def generate_in_pieces(engine, crops: list[Image.Image], params: DecodeParams, p
     """``engine.generate`` over crops, each read as its model's pieces and merged back in order."""
     split = getattr(getattr(engine, "model", None), "reading_pieces", None)
     pieces = [split(crop) if split is not None else [crop] for crop in crops]
-    flat = [piece for group in pieces for piece in group]
-    if prompts is not None:
-        flat_prompts = [prompt for prompt, group in zip(prompts, pieces, strict=True) for _ in group]
+    return generate_groups(engine, pieces, params, prompts, categories)
+
+
+def generate_groups(engine, groups: list[list[Image.Image]], params: DecodeParams,
+                    prompts: list[str | None] | None = None,
+                    categories: list[str | None] | None = None) -> list[DecodeResult]:
+    """Every group's images in one ``engine.generate`` batch, each group's results merged in order
+    (a group: one element's pieces, or its text lines)."""
+    flat = [piece for group in groups for piece in group]
+    if not flat:
+        results: list[DecodeResult] = []
+    elif prompts is not None:
+        flat_prompts = [prompt for prompt, group in zip(prompts, groups, strict=True) for _ in group]
         results = engine.generate(flat, params, prompts=flat_prompts)
     else:
         results = engine.generate(flat, params)
-    categories = categories or [None] * len(crops)
+    categories = categories or [None] * len(groups)
     merged, start = [], 0
-    for group, category in zip(pieces, categories, strict=True):
+    for group, category in zip(groups, categories, strict=True):
         merged.append(merge_results(results[start: start + len(group)], joiner(category)))
         start += len(group)
     return merged

@@ -15,18 +15,24 @@ from typing import Protocol
 
 from PIL import Image
 
+from components.data.pages import MIN_IMAGE_SIDE
 from components.decoding.types import DecodeParams
 from components.parsing.crops import CropSettings, native_crop
 from components.parsing.frontend.detector import TextLineDetector
 from components.parsing.frontend.lines import Box, LineBox
 from models.interface import TEXT_LINE_INFO
 
-LINE_CROP = CropSettings(margin=2)  # a detected box already has PP-OCR's unclip margin around its ink
+# A detected box already has PP-OCR's unclip margin around its ink, and RapidOCR's recogniser reads
+# it as it is: cropped the same (no margin added), the reader's copy of the recogniser's reading
+# equals RapidOCR's on 721 of 743 benchmark lines (707 with a 2-pixel margin).
+DETECTED_LINE_CROP = CropSettings(margin=0)
+# A text layer's line box is tight around the glyphs: a margin keeps their edges.
+TEXT_LAYER_LINE_CROP = CropSettings(margin=2)
 
 
-def line_crop(image: Image.Image, box: Box) -> Image.Image:
-    """A detected line's pixels, marked as one text line for the model that reads it."""
-    crop = native_crop(image, box, LINE_CROP)
+def line_crop(image: Image.Image, box: Box, settings: CropSettings = DETECTED_LINE_CROP) -> Image.Image:
+    """A line's pixels, marked as one text line for the model that reads it."""
+    crop = native_crop(image, box, settings)
     crop.info[TEXT_LINE_INFO] = True
     return crop
 
@@ -54,10 +60,12 @@ class ModelLines:
         self.params = params or DecodeParams()
 
     def read(self, image: Image.Image, detector: TextLineDetector) -> list[LineBox]:
-        boxes = [box for box in detector.detect(image) if box[2] - box[0] >= 4 and box[3] - box[1] >= 4]
-        if not boxes:
+        lines_of_page = [(box, line_crop(image, box)) for box in detector.detect(image)]
+        # a sliver the detector boxed (a rule's end, a lone dot) is nothing a model reads
+        kept = [(box, crop) for box, crop in lines_of_page if min(crop.size) >= MIN_IMAGE_SIDE]
+        if not kept:
             return []
-        crops = [line_crop(image, box) for box in boxes]
+        boxes, crops = [box for box, _ in kept], [crop for _, crop in kept]
         results = self.engine.generate(crops, self.params)
         lines = []
         for box, result in zip(boxes, results, strict=True):
