@@ -177,6 +177,9 @@ class DeploySection(_Strict):
     device: str = "cpu"
     instance_count: int = Field(1, ge=1)
     max_batch_size: int = Field(8, ge=0)
+    # Requests that may wait per model before the next is refused at once (UNAVAILABLE, "Exceeds
+    # maximum queue size"; the client's ServerBusyError); 0: unbounded.
+    max_queue_size: int = Field(32, ge=0)
     torch_threads: int = Field(1, ge=0)
     # The engine's decode step: "default", "fixed_shapes", "compile" (torch.compile), "cuda_graphs"
     # (device cuda only), "cuda_graphs_compiled" — components/decoding/fixed_step.py.

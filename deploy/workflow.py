@@ -40,7 +40,8 @@ def repository_options(cfg: PipelineConfig) -> dict:
     """The deploy section's serving settings, as ``materialize_repository`` keyword arguments."""
     section = cfg.deploy
     return {"device": section.device, "instance_count": section.instance_count,
-            "max_batch_size": section.max_batch_size, "torch_threads": section.torch_threads,
+            "max_batch_size": section.max_batch_size, "max_queue_size": section.max_queue_size,
+            "torch_threads": section.torch_threads,
             "engine_step": section.engine_step,
             "request_log_max_image_mb": cfg.monitoring.max_image_mb,
             "request_log_retention_days": cfg.monitoring.image_retention_days}

@@ -164,8 +164,20 @@ def test_batch_size_is_set_on_both_models_and_zero_drops_the_batcher(tmp_path):
         config = (plain / model / "config.pbtxt").read_text()
         assert "max_batch_size: 0" in config and "dynamic_batching" not in config
     assert "decoupled: true" in (plain / "docmarkup_stream" / "config.pbtxt").read_text()
+    assert "default_queue_policy" not in (plain / "docmarkup" / "config.pbtxt").read_text()  # the whole batcher
     with pytest.raises(ValueError, match="max_batch_size"):
         materialize_repository("models:/m@champion", tmp_path / "c", max_batch_size=-1)
+
+
+def test_the_queue_limit_is_set_on_both_models_and_refuses_instead_of_queueing(tmp_path):
+    limited = materialize_repository("models:/m@champion", tmp_path / "a", max_queue_size=4)
+    for model in MODEL_NAMES:
+        config = (limited / model / "config.pbtxt").read_text()
+        assert "max_queue_size: 4" in config and "timeout_action: REJECT" in config
+    default = (materialize_repository("models:/m@champion", tmp_path / "b") / "docmarkup" / "config.pbtxt").read_text()
+    assert "max_queue_size: 32" in default
+    with pytest.raises(ValueError, match="max_queue_size"):
+        materialize_repository("models:/m@champion", tmp_path / "c", max_queue_size=-1)
 
 
 def test_batch_groups_join_equal_unseeded_requests_in_arrival_order():

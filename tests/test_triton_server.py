@@ -21,7 +21,7 @@ from components.data.synthetic import generate_page
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
 from components.services.process import VAR_DIR, ServiceError
-from deploy.triton.client import DocMarkupClient, TranscriptionError
+from deploy.triton.client import DocMarkupClient, ServerBusyError, TranscriptionError
 from deploy.triton.model_source import resolve_model
 from deploy.triton.server import TritonPorts, start_triton
 from models.loading import new_tiny_model, save_markup_model
@@ -281,6 +281,51 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_page(triton, clie
     batches = {decoder: metric_delta(before, after, "docmarkup_batch_pages_sum", model="docmarkup", decoder=decoder)
                for decoder in ("ar", "sdb")}
     assert batches == {"ar": 3, "sdb": 3}  # every decoded page was counted in exactly one engine batch
+
+
+def test_a_burst_past_the_queue_is_refused_at_once_and_every_accepted_page_is_answered(triton, client, registry):
+    """48 requests at once against 8 in a batch and 32 waiting (the template's admission limit):
+    the excess is refused at once with the reason while the rest decode, every accepted page is
+    answered with its own reading, and the server answers normally right after."""
+    pages = [png(generate_page(seed)[1]) for seed in range(40, 48)]
+    burst = 48
+    start = threading.Barrier(burst + 1)
+    outcomes: list = [None] * burst
+
+    def send(index: int) -> None:
+        start.wait()
+        sent = time.perf_counter()
+        try:
+            answer = client.transcribe(pages[index % len(pages)], max_new_tokens=256)
+        except TranscriptionError as exc:
+            answer = exc
+        outcomes[index] = (answer, time.perf_counter() - sent)
+
+    with ThreadPoolExecutor(burst) as pool:
+        for index in range(burst):
+            pool.submit(send, index)
+        start.wait()
+        time.sleep(0.3)  # the server is decoding the burst's first batch and its queue is full
+        with pytest.raises(ServerBusyError, match="queue"):
+            client.transcribe(pages[0], max_new_tokens=256)
+    refused = [(answer, seconds) for answer, seconds in outcomes if isinstance(answer, Exception)]
+    accepted = [answer for answer, _ in outcomes if not isinstance(answer, Exception)]
+    print(f"\nburst of {burst}: {len(accepted)} accepted, {len(refused)} refused; slowest refusal "
+          f"{max((t for _, t in refused), default=0) * 1000:.0f} ms, slowest answer "
+          f"{max(t for a, t in outcomes if not isinstance(a, Exception)):.1f} s")
+    assert refused and all(isinstance(answer, ServerBusyError) for answer, _ in refused), refused[:3]
+    assert all("queue" in str(answer).lower() for answer, _ in refused)
+    assert max(seconds for _, seconds in refused) < 2.0  # told at once, not after the queue drained
+    assert len(accepted) + len(refused) == burst and len(accepted) >= 32
+    engine = DecodingEngine.from_pretrained(registry["folders"]["2"])
+    for index in (0, 1, 2):  # accepted pages carry their own reading, not a neighbour's
+        answer = outcomes[index][0]
+        if isinstance(answer, Exception):
+            continue
+        [alone] = engine.generate([Image.open(io.BytesIO(pages[index])).convert("RGB")], DecodeParams(max_new_tokens=256))
+        assert answer.token_ids == alone.token_ids
+    assert client.ready()
+    assert client.transcribe(pages[0], max_new_tokens=MAX_TOKENS).token_ids
 
 
 def test_transcribe_many_keeps_order_and_reports_a_bad_page_in_its_place(client, page):

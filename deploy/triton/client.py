@@ -51,6 +51,15 @@ class TranscriptionError(RuntimeError):
         self.status = status
 
 
+class ServerBusyError(TranscriptionError):
+    """The server is up but refused the request for load (its queue was full): nothing was
+    decoded; retry later or elsewhere."""
+
+
+# What Triton's scheduler says when it refuses a request for load.
+_BUSY_MESSAGES = ("exceeds maximum queue size",)
+
+
 @dataclass
 class Transcription:
     text: str
@@ -115,6 +124,8 @@ def _raise_for(exc: InferenceServerException, where: str) -> None:
     sent_status, message = protocol.split_status(exc.message() or str(exc))
     status = sent_status or exc.status()
     lowered = message.lower()
+    if any(busy in lowered for busy in _BUSY_MESSAGES):  # UNAVAILABLE too, but the server is up
+        raise ServerBusyError(message, status) from exc
     if "connection refused" in lowered or "failed to connect" in lowered or status in ("StatusCode.UNAVAILABLE",):
         raise TritonUnavailableError(f"Triton at {where} is unreachable: {message}") from exc
     raise TranscriptionError(message, status) from exc
@@ -231,7 +242,8 @@ class DocMarkupClient:
         """Decode one page over HTTP and return its markup with the decoding stats (with
         ``parse="elements"``, a two-stage parse: ``stats["elements"]`` lists every element).
         ``probe``: the platform's own request (a deploy check, a smoke test), kept out of the
-        request log, the production metrics, drift checks and the annotators' queue."""
+        request log, the production metrics, drift checks and the annotators' queue. A server whose
+        queue is full refuses the page at once (:class:`ServerBusyError`)."""
         values = request_values(image, decoder=decoder, threshold=threshold, window=window, block_length=block_length,
                                 span=span, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
                                 parse=parse, probe=probe)

@@ -39,7 +39,8 @@ def instance_group(device: str, count: int) -> str:
         raise ValueError(f"device {device!r} is not cpu, cuda or cuda:N")
     return f"instance_group [ {{ kind: KIND_GPU count: {count} gpus: [ {int(match.group(1) or 0)} ] }} ]"
 _MAX_BATCH_SIZE = re.compile(r"^max_batch_size:\s*\d+", re.MULTILINE)
-_DYNAMIC_BATCHING = re.compile(r"^dynamic_batching\s*\{[^}]*\}\n?", re.MULTILINE)
+_DYNAMIC_BATCHING = re.compile(r"^dynamic_batching\s*\{(?:[^{}]|\{[^{}]*\})*\}\n?", re.MULTILINE)
+_MAX_QUEUE_SIZE = re.compile(r"max_queue_size:\s*\d+")
 
 
 def instance_device(configured: str | None, args: dict) -> str:
@@ -81,6 +82,17 @@ def set_max_batch_size(config_text: str, max_batch_size: int) -> str:
     return _DYNAMIC_BATCHING.sub("", text) if max_batch_size == 0 else text
 
 
+def set_max_queue_size(config_text: str, max_queue_size: int) -> str:
+    """``config.pbtxt`` text whose dynamic batcher keeps at most ``max_queue_size`` requests waiting
+    (0: unbounded) and refuses the next one at once; a config without a batcher is left as it is."""
+    if not _DYNAMIC_BATCHING.search(config_text):
+        return config_text
+    text, count = _MAX_QUEUE_SIZE.subn(f"max_queue_size: {max_queue_size}", config_text)
+    if count != 1:
+        raise RuntimeError("config's dynamic batcher has no max_queue_size to set")
+    return text
+
+
 def read_parameters(config_text: str) -> dict[str, str]:
     """The string parameters of a ``config.pbtxt`` (what the backend will see)."""
     found = {}
@@ -101,6 +113,7 @@ def materialize_repository(
     max_new_tokens_limit: int = 2048,
     instance_count: int = 1,
     max_batch_size: int = 8,
+    max_queue_size: int = 32,
     torch_threads: int = 1,
     engine_step: str = "default",
     model_cache_dir: str | Path | None = None,
@@ -112,7 +125,8 @@ def materialize_repository(
 
     ``model_uri`` is an MLflow URI (``models:/docmarkup@champion``) or a local model folder
     (made absolute, since the server's working directory may differ). ``max_batch_size`` caps
-    how many concurrent requests one execute of either model decodes together (0: no batching).
+    how many concurrent requests one execute of either model decodes together (0: no batching);
+    ``max_queue_size`` how many more may wait before the next is refused (0: unbounded).
     Returns ``destination``.
     """
     if default_decoder not in DECODERS:
@@ -126,6 +140,8 @@ def materialize_repository(
     instance_group(device, instance_count)  # refuses an unknown device before anything is written
     if max_batch_size < 0:
         raise ValueError("max_batch_size must be >= 0 (0 = no batching)")
+    if max_queue_size < 0:
+        raise ValueError("max_queue_size must be >= 0 (0 = unbounded)")
     if torch_threads < 0:
         raise ValueError("torch_threads must be >= 0 (0 = torch default)")
     if engine_step not in STEP_SWITCHES:
@@ -163,7 +179,7 @@ def materialize_repository(
         text, count = _INSTANCE_GROUP.subn(instance_group(device, instance_count), text)
         if count != 1:
             raise RuntimeError(f"template {config} has no KIND_CPU instance_group to replace")
-        config.write_text(set_max_batch_size(text, max_batch_size))
+        config.write_text(set_max_batch_size(set_max_queue_size(text, max_queue_size), max_batch_size))
     # Swap in the new repository whole, so a server never reads a half-written one.
     shutil.rmtree(destination, ignore_errors=True)
     staging.rename(destination)

@@ -498,12 +498,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-port", type=int, default=8002)
     parser.add_argument("--max-batch-size", type=int, default=8,
                         help="concurrent requests decoded together per model (0: no batching)")
+    parser.add_argument("--max-queue-size", type=int, default=32,
+                        help="requests that may wait per model before the next is refused (0: unbounded)")
     args = parser.parse_args(argv)
     ports = TritonPorts(args.http_port, args.grpc_port, args.metrics_port)
     repository = TRITON_VAR / args.name / "model_repository"
     if args.action == "start":
         server = start_triton(args.model_uri, ports=ports, name=args.name, tracking_uri=args.tracking_uri,
-                              max_batch_size=args.max_batch_size)
+                              max_batch_size=args.max_batch_size, max_queue_size=args.max_queue_size)
         print(f"triton ready in {server.startup_seconds:.1f}s: http {server.http_url}, grpc {server.grpc_url}, "
               f"metrics {server.metrics_url} (pid {server.service.pid()})")
         return 0
