@@ -62,7 +62,9 @@ def store_elements(store: PageDataset, categories: tuple[str, ...], limit: int |
     count = 0
     for page in store.pages():
         image = None
-        line_boxes = page.meta.get("element_lines") or [[] for _ in page.elements]
+        line_boxes = page.meta.get("element_lines") or []
+        if len(line_boxes) != len(page.elements):  # no boxes, or elements edited since the corpus wrote them
+            line_boxes = [[] for _ in page.elements]
         for element, boxes in zip(page.elements, line_boxes, strict=True):
             if element.category not in categories or not element.content.strip():
                 continue
@@ -114,11 +116,11 @@ def read_store(engine, store: PageDataset, params: DecodeParams, categories: tup
         if not pending:
             return
         started = time.perf_counter()
-        categories_ = [item[1] for item in pending]
+        kinds = [item[1] for item in pending]
         if true_lines:
-            results = generate_groups(engine, [item[3] for item in pending], params, categories=categories_)
+            results = generate_groups(engine, [item[3] for item in pending], params, categories=kinds)
         else:
-            results = generate_in_pieces(engine, [item[3] for item in pending], params, categories=categories_)
+            results = generate_in_pieces(engine, [item[3] for item in pending], params, categories=kinds)
         seconds += time.perf_counter() - started
         for (page_id, category, truth, _), result in zip(pending, results, strict=True):
             if writes_markup:
