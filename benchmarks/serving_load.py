@@ -36,7 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components.services.process import VAR_DIR
-from deploy.triton.client import DocMarkupClient, ServerBusyError, TranscriptionError, TritonUnavailableError
+from deploy.triton.client import (
+    DocMarkupClient,
+    ServerBusyError,
+    TranscriptionError,
+    TritonUnavailableError,
+    encode_image,
+)
 
 
 @dataclass
@@ -166,7 +172,6 @@ def main(argv: list[str] | None = None) -> int:
         args.pages, args.repeats, args.clients, args.duration, args.per_client = 16, 1, "1,4,16", 10.0, 4
     from benchmarks.decoding import benchmark_pages
     from components.training.pretrain import DEFAULT_OUT
-    from deploy.triton.client import encode_image
     from deploy.triton.server import TritonPorts, start_triton
 
     model = Path(args.model) if args.model else DEFAULT_OUT

@@ -128,14 +128,14 @@ def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version:
         mlflow.log_artifact(str(reference), artifact_path="evaluation")
     gates = registry.Gates(**cfg.evaluation.gates.model_dump())
     truth = describe_truth(report.truth)
+    dataset = PageDataset(cfg.evaluation_dir)
     common = {"run_id": run_id, "model_name": cfg.evaluation.model_name, "refused_no_truth": report.refused_no_truth,
               "refused_own_output": report.refused_own_output, "truth": report.truth, "truth_line": report.truth_line,
               "table": report.table(), "ratios": report.ratios(), "tracking_uri": mlflow.get_tracking_uri(),
-              "sample": sample_page(report, PageDataset(cfg.evaluation_dir))}
+              "sample": sample_page(report, dataset)}
     ocr_reference = None
     if cfg.evaluation.ocr_reference:  # what the free OCR reads on the same pages, beside both models
         ev = report.decoders.get(gates.score_decoder) or next(iter(report.decoders.values()))
-        dataset = PageDataset(cfg.evaluation_dir)
         ocr_reference = ocr_reference_scores(cfg.evaluation.ocr_reference, dataset,
                                              list(dataset.iter_pages(page_ids=[row["page_id"] for row in ev.pages])),
                                              ev.formula_metric)
