@@ -1,17 +1,18 @@
-"""The one decoding loop, shared by evaluation, benchmarks and the Triton backends.
+"""The one decoding engine, shared by evaluation, mining, benchmarks and the Triton backends.
 
 Every algorithm (AR, DARL SDB, MinerU block diffusion, PA-BDM PPC) is a :class:`Strategy` that
-plans a row's next forward and accepts tokens from its logits; this module owns everything
-else once: the image prefill, batching rows of different lengths into one forward, the KV cache
-(rejected speculative entries are dropped; rows that accepted less than others leave masked
-holes), explicit attention masks, stopping at ``<eos>`` / the token budget / the model's
-position limit, streaming of committed text, and speed accounting.
+plans a row's next forward and accepts tokens from its logits; everything else is written once:
 
-The KV cache is static when the model offers a lean decoder (``static_decoder()``, the DocVLM's
-Qwen2 text model): buffers are allocated once per batch, a forward writes at the next slots,
-and dropping rejected speculation only moves an integer back (``StaticSlots``). Other models
-(the Hugging Face family adapters) keep a ``DynamicCache`` that is grown and cropped
-(``DynamicSlots``). Both give the same tokens.
+- this module: the model and tokenizer, request checks against the model's positions, and the
+  closed-batch calls ``generate`` / ``stream`` (every page admitted at once);
+- :mod:`components.decoding.batch`: the step runner (prefill, rows of different lengths in one
+  forward, explicit attention masks, ``<eos>`` / budget / position-limit stops, streaming of
+  committed text, speed accounting), with rows that may join between steps;
+- :mod:`components.decoding.slots`: the KV cache, static when the model offers a lean decoder
+  (``static_decoder()``: buffers allocated once, dropping rejected speculation moves an integer
+  back) and a ``DynamicCache`` otherwise (the Hugging Face family adapters); the same tokens;
+- :mod:`components.decoding.scheduler`: continuous batching (a waiting queue admitted into free
+  rows at every step), what the Triton backend serves with.
 """
 
 from __future__ import annotations
@@ -20,24 +21,19 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import torch
 from PIL import Image
-from tokenizers.decoders import DecodeStream
 from transformers import PreTrainedTokenizerFast
 
-from components.data.pages import validate_image
-from components.decoding import masks
 from components.decoding.ar import AutoregressiveStrategy
+from components.decoding.batch import DecodeBatch, check_images
 from components.decoding.block_diffusion import BlockDiffusionStrategy
 from components.decoding.fixed_step import FixedShapeStep
 from components.decoding.ppc import PrefixCommitmentStrategy
-from components.decoding.sampling import choose_rows
 from components.decoding.sdb import SlidingDiffusionBlockStrategy
 from components.decoding.strategy import SpecialIds, Strategy
 from components.decoding.types import CommitEvent, DecodeParams, DecodeResult, DecodeStats, RowState
 from components.tokenizer import all_special_ids
 from models.interface import MarkupLM
-from models.static_decoder import StaticKV
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "ar": AutoregressiveStrategy,
@@ -137,7 +133,7 @@ class DecodingEngine:
         rows: dict[int, RowState] = {}
         for _event in self._run(images, params, rows, prompts=prompts):
             pass
-        return [self._result(rows[i]) for i in range(len(images))]
+        return [self.result_of(rows[i]) for i in range(len(images))]
 
     def stream(
         self, images: list[Image.Image], params: DecodeParams | None = None,
@@ -151,7 +147,7 @@ class DecodingEngine:
         return self._run(images, params or DecodeParams(), {}, cancelled, prompts)
 
     # ------------------------------------------------------------------------------------
-    def _result(self, row: RowState) -> DecodeResult:
+    def result_of(self, row: RowState) -> DecodeResult:
         generated = [t for t in row.generated if t != self.ids.eos]
         return DecodeResult(
             token_ids=row.generated, text=self.tokenizer.decode(generated, skip_special_tokens=True),
@@ -162,197 +158,21 @@ class DecodingEngine:
         self, images: list[Image.Image], params: DecodeParams, rows: dict[int, RowState],
         cancelled: Callable[[int], bool] | None = None, prompts: list[str | None] | None = None,
     ) -> Iterator[CommitEvent]:
-        if not images:
-            raise ValueError("decode needs at least one page image")
-        for i, image in enumerate(images):
-            if not isinstance(image, Image.Image):
-                raise TypeError(f"page {i} is a {type(image).__name__}, expected a PIL image")
-            validate_image(image, what=f"page image {i}")
-        strategy = STRATEGIES[params.decoder](params, self.ids)
+        """A closed batch: every page admitted at once, stepped until the last row leaves."""
+        check_images(images)
         started = time.perf_counter()
-        device = self.model.device
-        empty_prompt = torch.zeros(len(images), 0, dtype=torch.long, device=device)
-        if prompts is not None:
-            if len(prompts) != len(images):
-                raise ValueError(f"{len(prompts)} task prompts for {len(images)} images")
-            if not getattr(self.model, "takes_task_prompts", False):
-                raise ValueError("this model takes no task prompts (it reads an element from its crop alone)")
-            _, cache = self.model.prefill(images, empty_prompt, prompts=prompts)
-        else:
-            _, cache = self.model.prefill(images, empty_prompt)
-        n_prefix = cache.get_seq_length()
-        self.check_params(params, n_prefix)
-        # Leave room for the widest forward (stored block + speculative segment) below the position limit.
-        budget = min(params.max_new_tokens, self.max_positions - n_prefix - 2 * strategy.spec_length - 1)
-        # A model whose prefix bounds what it can write (the reader: about one token per slot) says so in
-        # ``cache.output_budget``; a row that runs away then stops there instead of at max_new_tokens.
-        row_budgets = [int(b) for b in getattr(cache, "output_budget", [budget] * len(images))]
-        for i in range(len(images)):
-            generator = None
-            if params.seed is not None:
-                generator = torch.Generator(device="cpu").manual_seed(params.seed + i)
-            rows[i] = RowState(row=i, tokens=[self.ids.bos], budget=min(budget, row_budgets[i]), generator=generator)
-            strategy.start(rows[i])
-        active = [rows[i] for i in range(len(images))]
-        adjust = getattr(self.model, "adjust_logits", None)
-        lean = self.model.static_decoder() if self.static_cache and hasattr(self.model, "static_decoder") else None
-        if lean is not None:
-            slots: StaticSlots | DynamicSlots = StaticSlots(
-                lean, StaticKV.from_cache(cache, n_prefix + 2 * (budget + 2 * strategy.spec_length)), n_prefix,
-                prefix_validity(cache, len(images), n_prefix, device), self.fixed_step(lean))
-        else:
-            slots = DynamicSlots(self.model, cache, len(images), n_prefix)
-
-        while active:
-            plans = [strategy.plan(row) for row in active]
-            n_stored = max(len(plan.stored) for plan in plans)
-            width = n_stored + strategy.spec_length
-            input_ids = torch.full((len(active), width), self.ids.pad, dtype=torch.long)
-            position_ids = torch.zeros((len(active), width), dtype=torch.long)
-            stored_valid = torch.zeros((len(active), n_stored), dtype=torch.bool)
-            for i, (row, plan) in enumerate(zip(active, plans, strict=True)):
-                k = len(plan.stored)
-                first = n_prefix + row.cached  # absolute position of the first stored token
-                input_ids[i, n_stored - k : n_stored] = torch.tensor(plan.stored, dtype=torch.long)
-                position_ids[i, n_stored - k : n_stored] = torch.arange(first, first + k)
-                stored_valid[i, n_stored - k :] = True
-                input_ids[i, n_stored:] = torch.tensor(plan.spec, dtype=torch.long)
-                position_ids[i, n_stored:] = torch.arange(first + k, first + k + strategy.spec_length)
-            attention = masks.decode_step(slots.past_valid(), stored_valid.to(device), strategy.spec_length,
-                                          strategy.pattern)
-            spec_logits = slots.forward(input_ids.to(device), position_ids.to(device), attention, n_stored)
-            if adjust is not None:  # a model's own term on its logits (the reader's copy prior)
-                spec_logits = adjust(spec_logits, position_ids[:, n_stored:], torch.tensor([r.row for r in active]), cache)
-            choices = choose_rows(spec_logits, params, [row.generator for row in active], strategy.banned)
-
-            new_valid = torch.zeros((len(active), width), dtype=torch.bool)
-            new_valid[:, :n_stored] = stored_valid
-            extent = 0  # slots of this forward that some row keeps
-            now = time.perf_counter()
-            for i, (row, plan) in enumerate(zip(active, plans, strict=True)):
-                acceptance = strategy.accept(row, *choices[i])
-                row.cached += len(plan.stored) + acceptance.keep_spec
-                new_valid[i, n_stored : n_stored + acceptance.keep_spec] = True
-                if acceptance.keep_spec:
-                    extent = max(extent, n_stored + acceptance.keep_spec)
-                elif plan.stored:
-                    extent = max(extent, n_stored)
-                event = self._commit(row, acceptance.commit, acceptance.confidences, acceptance.decided)
-                row.stats.seconds = now - started
-                yield event
-
-            slots.keep(new_valid.to(device), extent)
+        batch = self.new_batch(params)
+        seeds = [None if params.seed is None else params.seed + i for i in range(len(images))]
+        for row in batch.admit(images, list(range(len(images))), seeds, prompts=prompts, started=started):
+            rows[row.row] = row
+        while batch:
+            yield from batch.step()
             if cancelled is not None:
-                for row in active:
-                    row.cancelled = row.cancelled or (not row.done and cancelled(row.row))
-            if any(row.done for row in active):
-                keep = [i for i, row in enumerate(active) if not row.done]
-                active = [active[i] for i in keep]
-                if active:
-                    slots.select_rows(torch.tensor(keep, device=device))
+                batch.cancel(cancelled)
 
-    def _commit(self, row: RowState, tokens: list[int], confidences: list[float], decided: int) -> CommitEvent:
-        """Append accepted tokens to a row, applying <eos> and budget stops; build its stream event."""
-        row.stats.forward_passes += 1
-        row.stats.accepted_lengths.append(decided)
-        tokens = tokens[: row.remaining]
-        if self.ids.eos in tokens:
-            tokens = tokens[: tokens.index(self.ids.eos) + 1]
-            row.finished = True
-        confidences = confidences[: len(tokens)]
-        row.tokens.extend(tokens)
-        row.confidences.extend(confidences)
-        row.stats.new_tokens += len(tokens)
-        row.stats.confidence_sum += sum(confidences)
-        if not row.finished and row.remaining <= 0:
-            row.truncated = True
-        if not tokens and not row.done:
-            return CommitEvent(row=row.row, token_ids=[], text="", confidences=[], forward_pass=row.stats.forward_passes,
-                               decided=decided)
-        # Incremental: only the new tokens are decoded (DecodeStream holds back half a UTF-8
-        # character); the full decode runs once, when the row ends, to flush what is held back.
-        if row.detokenizer is None:
-            row.detokenizer = DecodeStream(skip_special_tokens=True)
-        content = [t for t in tokens if t != self.ids.eos]
-        delta = (row.detokenizer.step(self.tokenizer.backend_tokenizer, content) or "") if content else ""
-        if row.done:
-            full = self.tokenizer.decode([t for t in row.generated if t != self.ids.eos], skip_special_tokens=True)
-            delta = full[len(row.emitted_text) :]
-        row.emitted_text += delta
-        return CommitEvent(
-            row=row.row, token_ids=tokens, text=delta, confidences=confidences, forward_pass=row.stats.forward_passes,
-            decided=decided, finished=row.finished, truncated=row.truncated,
-        )
-
-
-def prefix_validity(cache, batch: int, n_prefix: int, device: torch.device) -> torch.Tensor:
-    """Which prefix slots each row may attend: all, unless the prefill padded prefixes of different
-    lengths and said so in ``cache.prefix_valid`` (the reader's elements, a chat model's prompts)."""
-    valid = getattr(cache, "prefix_valid", None)
-    if valid is None:
-        return torch.ones(batch, n_prefix, dtype=torch.bool, device=device)
-    return valid.to(device=device, dtype=torch.bool)
-
-
-class DynamicSlots:
-    """A growing ``DynamicCache`` plus which slots each row may attend (models without a lean decoder)."""
-
-    def __init__(self, model: MarkupLM, cache, batch: int, n_prefix: int):
-        self.model, self.cache = model, cache
-        self.valid = prefix_validity(cache, batch, n_prefix, model.device)
-
-    def past_valid(self) -> torch.Tensor:
-        return self.valid
-
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention: torch.Tensor,
-                logits_from: int) -> torch.Tensor:
-        return self.model.forward_tokens(input_ids, position_ids, attention, self.cache)[:, logits_from:]
-
-    def keep(self, new_valid: torch.Tensor, extent: int) -> None:
-        """Record which new slots rows kept and crop the trailing ones nobody kept."""
-        self.valid = torch.cat([self.valid, new_valid[:, :extent]], dim=1)
-        surplus = new_valid.shape[1] - extent
-        if surplus > 0:
-            self.cache.crop(-surplus)
-
-    def select_rows(self, index: torch.Tensor) -> None:
-        self.cache.batch_select_indices(index)
-        self.valid = self.valid[index]
-
-
-class StaticSlots:
-    """A ``StaticKV`` and a preallocated validity map: dropping slots moves ``length`` back, nothing else."""
-
-    def __init__(self, lean, kv: StaticKV, n_prefix: int, prefix_valid: torch.Tensor,
-                 fixed_step: FixedShapeStep | None = None):
-        self.lean, self.kv, self.fixed_step = lean, kv, fixed_step
-        self.start = kv.length  # first slot of the latest forward
-        self.valid = torch.zeros(kv.keys[0].shape[0], kv.capacity, dtype=torch.bool, device=kv.keys[0].device)
-        self.valid[:, :n_prefix] = prefix_valid
-
-    def past_valid(self) -> torch.Tensor:
-        return self.valid[:, : self.kv.length]
-
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention: torch.Tensor,
-                logits_from: int) -> torch.Tensor:
-        self.start = self.kv.length
-        if self.fixed_step is not None:
-            logits = self.fixed_step(input_ids, position_ids, attention, self.kv, logits_from)
-        else:
-            logits = self.lean.forward(input_ids, position_ids, attention, self.kv, logits_from=logits_from)
-        if self.kv.capacity > self.valid.shape[1]:  # the KV buffers grew
-            grown = self.valid.new_zeros(self.valid.shape[0], self.kv.capacity)
-            grown[:, : self.valid.shape[1]] = self.valid
-            self.valid = grown
-        return logits
-
-    def keep(self, new_valid: torch.Tensor, extent: int) -> None:
-        self.valid[:, self.start : self.start + extent] = new_valid[:, :extent]
-        self.kv.length = self.start + extent
-
-    def select_rows(self, index: torch.Tensor) -> None:
-        self.kv.select_rows(index)
-        self.valid = self.valid.index_select(0, index)
+    def new_batch(self, params: DecodeParams) -> DecodeBatch:
+        """An empty batch of ``params``'s decoder; rows join with ``admit`` and advance with ``step``."""
+        return DecodeBatch(self, params, STRATEGIES[params.decoder](params, self.ids))
 
 
 def decode_stats_summary(results: list[DecodeResult]) -> DecodeStats:

@@ -124,6 +124,10 @@ class RowState:
     budget: int
     generator: torch.Generator | None
     cached: int = 0
+    prefix_length: int = 0  # the position of the first generated token: its prefill's prefix length
+    prefill: Any = None  # the cache its prefill returned (a model's per-row prefix state, e.g. the copy prior's)
+    prefill_row: int = 0  # its row in that prefill
+    started: float = 0.0  # perf_counter when its decoding began (prefill included): stats.seconds counts from it
     confidences: list[float] = field(default_factory=list)
     draft: list[int] = field(default_factory=list)  # SDB: previous trajectory beyond the last token
     block_start: int = 0  # block decoding: token index of the current block's first input

@@ -1,7 +1,16 @@
 """The Triton Python-backend model behind ``docmarkup`` and ``docmarkup_stream``.
 
 Both models' ``model.py`` import :class:`TritonPythonModel` from here; the config decides the
-mode (``model_transaction_policy { decoupled: true }`` streams). This file only translates
+mode (``model_transaction_policy { decoupled: true }`` streams) and the batching:
+
+- ``continuous`` (default): every instance runs one engine loop on a background thread
+  (:class:`components.decoding.scheduler.ContinuousScheduler`); ``execute`` only parses its
+  requests and queues them, and each page joins the running batch at the next step, its answer
+  sent through its response sender (the stream: one response per commit) when it ends.
+  Element-mode pages are parsed on a worker thread and their crops join the same batch.
+  Past ``max_waiting`` queued pages a request is refused at once ("server busy", 503);
+- ``closed``: each execute decodes its dynamically batched requests as one engine batch to the
+  end (kept for comparison: ``benchmarks/serving_load.py``). This file only translates
 between Triton and the project: decoding is :class:`components.decoding.engine.DecodingEngine`,
 the wire format is :mod:`deploy.triton.protocol`, the weights come from
 :func:`deploy.triton.model_source.resolve_model` (MLflow ``champion`` alias by default) and the
@@ -13,10 +22,12 @@ Only importable inside the Triton Python backend stub (``triton_python_backend_u
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 import traceback
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,16 +39,24 @@ import triton_python_backend_utils as pb_utils
 from components.data.pages import InvalidPageError
 from components.decoding.engine import DecodingEngine
 from components.decoding.fixed_step import STEP_SWITCHES
+from components.decoding.scheduler import (
+    CancelledError,
+    ContinuousScheduler,
+    QueueFullError,
+    ScheduledEngine,
+    Ticket,
+)
 from components.decoding.types import CommitEvent, DecodeParams, DecodeResult, DecodeStats
 from components.parsing import PageParse, ParseSettings, make_layout, read_pages, resolve_parse
 from deploy.triton import protocol
 from deploy.triton.model_source import resolve_model
-from deploy.triton.repository import instance_device
+from deploy.triton.repository import BATCHING_MODES, instance_device
 from monitoring.backend_metrics import BackendMetrics
 from monitoring.request_log import RequestLog, ServedPage
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 FINALIZE_WAIT_S = 120.0
+ELEMENT_WORKERS = 2  # element-mode pages parsed at once (layout and crops; their decoding is the engine loop's)
 
 
 def _tensor(name: str, values: np.ndarray) -> pb_utils.Tensor:
@@ -52,15 +71,15 @@ def request_input(request, name: str) -> np.ndarray | None:
 def _error(message: str, code: int | None = None) -> pb_utils.TritonError:
     """An error response; its status travels in the message too (the gRPC stream drops the code).
     (``pb_utils.TritonError`` exists only once the stub runs, so the codes are read here.)"""
-    status = {pb_utils.TritonError.INVALID_ARG: 400, pb_utils.TritonError.CANCELLED: 499}.get(code, 500)
+    status = {pb_utils.TritonError.INVALID_ARG: 400, pb_utils.TritonError.CANCELLED: 499,
+              pb_utils.TritonError.UNAVAILABLE: 503}.get(code, 500)
     text = protocol.with_status(message, status)
     return pb_utils.TritonError(text) if code is None else pb_utils.TritonError(text, code)
 
 
 class TritonPythonModel:
-    """One model instance: an engine over the resolved weights. The unary model decodes each
-    dynamically batched execute's compatible requests together; the stream model serves its
-    requests one after another."""
+    """One model instance: an engine over the resolved weights, served by continuous batching (an
+    engine loop every request joins) or by closed batches (each execute's requests together)."""
 
     def initialize(self, args: dict) -> None:
         self.model_config = json.loads(args["model_config"])
@@ -97,9 +116,22 @@ class TritonPythonModel:
         )
         self._inflight = 0
         self._idle = threading.Condition()
+        self.batching = parameters.get("batching") or "continuous"
+        if self.batching not in BATCHING_MODES:
+            raise ValueError(f"batching {self.batching!r} is not one of {BATCHING_MODES}")
+        self.scheduler: ContinuousScheduler | None = None
+        self._element_pending = 0
+        if self.batching == "continuous":
+            max_waiting = int(parameters.get("max_waiting") or 0)
+            self.scheduler = ContinuousScheduler(self.engine, max_rows=max(1, self.max_batch_size),
+                                                 max_waiting=max_waiting or None)
+            self.scheduler.start()
+            self._element_workers = ThreadPoolExecutor(ELEMENT_WORKERS, thread_name_prefix="element-parse")
+            self.responder = _Responder(self.logger, self.model_name)
         self.logger.log_info(
             f"{self.model_name}: serving {resolved.uri} (version {resolved.version}, {resolved.path}) "
-            f"{'streaming' if self.decoupled else 'unary'}, reading {self.default_parse} by default, loaded in {time.perf_counter() - started:.1f}s"
+            f"{'streaming' if self.decoupled else 'unary'}, {self.batching} batching, reading {self.default_parse} by default, "
+            f"loaded in {time.perf_counter() - started:.1f}s"
         )
 
     # ---------------------------------------------------------------------------------------
@@ -115,6 +147,9 @@ class TritonPythonModel:
                 self._idle.notify_all()
 
     def execute(self, requests: list) -> list | None:
+        if self.scheduler is not None:
+            self._queue_requests(requests)
+            return None
         with self._in_flight():
             if not self.decoupled:
                 return self._infer_batch(requests)
@@ -133,8 +168,163 @@ class TritonPythonModel:
         """Let running requests finish (bounded), then release metrics before their families."""
         with self._idle:
             self._idle.wait_for(lambda: self._inflight == 0, timeout=FINALIZE_WAIT_S)
+        if self.scheduler is not None:
+            self.scheduler.stop()  # nothing is in flight now; anything left is answered with the reason
+            self._element_workers.shutdown(wait=False, cancel_futures=True)
+            self.responder.stop()
         self.metrics.close()
         self.engine = None
+
+    # ----- continuous batching ------------------------------------------------------------------
+    # Three kinds of threads: Triton's (``execute``: parse and queue), the engine loop (decoding only:
+    # it never talks to Triton) and one responder that does every call into the stub after
+    # ``execute`` returned (responses, cancellation checks, metrics, the request log), in order.
+    def _begin(self) -> None:
+        with self._idle:
+            self._inflight += 1
+
+    def _end(self) -> None:
+        with self._idle:
+            self._inflight -= 1
+            self._idle.notify_all()
+
+    def _queue_requests(self, requests: list) -> None:
+        """Parse each request and queue its page; answer at once what cannot be queued (invalid,
+        cancelled, busy). Returns without decoding: the engine loop decodes, the responder answers."""
+        started = time.perf_counter()
+        parsed = self._parse_all(requests, started)
+        for request, entry in zip(requests, parsed, strict=True):
+            sender = request.get_response_sender()
+            if not isinstance(entry, tuple):
+                self.responder.call(lambda s=sender, e=entry: self._send_final(s, pb_utils.InferenceResponse(error=e)))
+                continue
+            page = _StreamedPage(sender, parsed=entry, started=started)
+            self._begin()
+            try:
+                if entry[3] == "elements":
+                    self._queue_elements(page)
+                else:
+                    page.ticket = self.scheduler.submit(
+                        entry[1], entry[0], on_event=lambda e, p=page: self._on_event(p, e),
+                        on_done=lambda t, p=page: self.responder.call(lambda: self._finish(p, t)))
+            except QueueFullError as exc:
+                self.responder.call(lambda p=page, error=exc: self._refuse(p, error))
+            except Exception as exc:  # nothing was queued: no callback will end it
+                self.responder.call(lambda p=page, error=exc: (self._fail(p, error), self._end()))
+
+    def _queue_elements(self, page: _StreamedPage) -> None:
+        """Element mode: layout and crops on a worker thread; the crops join the engine loop's batch."""
+        limit = self.scheduler.max_waiting
+        with self._idle:
+            if limit is not None and self.scheduler.waiting + self._element_pending >= limit:
+                raise QueueFullError(f"{self.scheduler.waiting + self._element_pending} pages already wait")
+            self._element_pending += 1
+        self._element_workers.submit(self._parse_elements, page)
+
+    def _parse_elements(self, page: _StreamedPage) -> None:
+        """A worker thread: the page's two-stage parse, its crops decoded by the engine loop."""
+        params, image = page.parsed[0], page.parsed[1]
+        with self._idle:
+            self._element_pending -= 1
+        try:
+            [result] = self._read([image], params, "elements", engine=ScheduledEngine(self.scheduler), record=False)
+        except Exception as exc:
+            self.responder.call(lambda error=exc: (self._fail(page, error), self._end()))
+            return
+        self.responder.call(lambda: self._answer_elements(page, result))
+
+    def _answer_elements(self, page: _StreamedPage, result: DecodeResult) -> None:
+        params = page.parsed[0]
+        try:
+            self._record_elements(params, [result])
+            if not self.decoupled:
+                self._answer(page, result)
+                return
+            for event in self._element_events([result], [page]):
+                page.accounting.add(event)
+                page.text.append(event.text)
+                if event.token_ids:
+                    page.sender.send(self._commit_response(event))
+            self._close_finished(page, params, page.parsed, page.started, self.scheduler.decoding + 1)
+        except Exception as exc:
+            self._fail(page, exc)
+        finally:
+            self._end()
+
+    def _on_event(self, page: _StreamedPage, event: CommitEvent) -> None:
+        """A commit of a queued page (engine loop thread): counted; a stream's is sent by the responder."""
+        page.accounting.add(event)
+        page.text.append(event.text)
+        if self.decoupled and event.token_ids:  # forwards that only decided (block decoding) send nothing
+            self.responder.call(lambda: self._send_commit(page, event))
+
+    def _send_commit(self, page: _StreamedPage, event: CommitEvent) -> None:
+        """The responder: one streamed commit, unless the client went away (then the row is dropped)."""
+        if page.closed or page.cancel_asked:
+            return
+        if page.sender.is_cancelled():
+            page.cancel_asked = True
+            self.scheduler.cancel(page.ticket)  # its row leaves after the current step; _finish closes it
+            return
+        page.sender.send(self._commit_response(event))
+
+    def _finish(self, page: _StreamedPage, ticket: Ticket) -> None:
+        """The responder: a queued page ended; its final answer, whatever happened."""
+        try:
+            if page.closed:
+                return
+            params = page.parsed[0]
+            if isinstance(ticket.error, CancelledError):
+                self._close_cancelled(page, params, page.started)
+            elif ticket.error is not None:
+                self._fail(page, ticket.error)
+            elif self.decoupled:
+                self._close_finished(page, params, page.parsed, page.started, self.scheduler.decoding + 1)
+            else:
+                self._answer(page, ticket.result)
+        except Exception as exc:
+            self._log_failure("answering a page failed", exc)
+        finally:
+            self._end()
+
+    def _answer(self, page: _StreamedPage, result: DecodeResult) -> None:
+        """The unary answer of a page decoded in the engine loop."""
+        page.closed = True
+        params = page.parsed[0]
+        batch = self.scheduler.decoding + 1
+        self.metrics.record_batch(params.decoder, batch)
+        response = self._page_response(result, params, page.parsed[2], time.perf_counter() - page.started,
+                                       batch_size=batch, probe=page.parsed[4])
+        self._send_final(page.sender, response)
+
+    def _refuse(self, page: _StreamedPage, exc: QueueFullError) -> None:
+        """Over capacity: refused at once, with the reason (the client raises ServerBusyError)."""
+        page.closed = True
+        try:
+            params = page.parsed[0]
+            self.metrics.record_request(params.decoder, "refused", time.perf_counter() - page.started)
+            self._send_final(page.sender, pb_utils.InferenceResponse(error=_error(
+                f"server busy: the queue is full ({exc}; max_waiting {self.scheduler.max_waiting}), retry later",
+                pb_utils.TritonError.UNAVAILABLE)))
+        finally:
+            self._end()
+
+    def _fail(self, page: _StreamedPage, exc: BaseException) -> None:
+        if page.closed:
+            return
+        page.closed = True
+        params = page.parsed[0]
+        self._log_failure("decoding failed", exc)
+        self.metrics.record_request(params.decoder, "error", time.perf_counter() - page.started)
+        code = pb_utils.TritonError.INVALID_ARG if isinstance(exc, (ValueError, InvalidPageError)) else None
+        self._send_final(page.sender, pb_utils.InferenceResponse(
+            error=_error(f"decoding failed: {type(exc).__name__}: {exc}", code)))
+
+    def _send_final(self, sender, response) -> None:
+        try:  # the client may be gone already; the final flag still releases the request
+            sender.send(response, flags=FINAL)
+        except Exception as exc:
+            self.logger.log_warn(f"{self.model_name}: could not send a final response: {exc}")
 
     # ---------------------------------------------------------------------------------------
     def _parse(self, request) -> tuple[DecodeParams, object, bytes, str, bool]:
@@ -150,19 +340,27 @@ class TritonPythonModel:
         image_bytes = protocol.image_bytes_from_input(inputs[protocol.IMAGE_INPUT])
         return params, protocol.load_page_input(image_bytes), image_bytes, mode, protocol.probe_from_inputs(inputs)
 
-    def _read(self, images: list, params: DecodeParams, mode: str) -> list[DecodeResult]:
-        """Whole pages (one engine call), or two-stage parses whose elements form one engine batch."""
+    def _read(self, images: list, params: DecodeParams, mode: str, engine=None, record: bool = True) -> list[DecodeResult]:
+        """Whole pages (one engine call), or two-stage parses whose elements form one engine batch
+        (``engine``: the engine loop's view, under continuous batching; ``record``: count the
+        elements in the metrics now, on this thread)."""
+        engine = engine or self.engine
         if mode != "elements":
-            return self.engine.generate(images, params)
-        if self._layout is None:
-            self._layout = make_layout(self.parsing.layout)
-        results = read_pages(self.engine, images, params, self.parsing, layout=self._layout)
+            return engine.generate(images, params)
+        with self._idle:  # element workers share one layout model; building it once
+            if self._layout is None:
+                self._layout = make_layout(self.parsing.layout)
+        results = read_pages(engine, images, params, self.parsing, layout=self._layout)
+        if record:
+            self._record_elements(params, results)
+        return results
+
+    def _record_elements(self, params: DecodeParams, results: list[DecodeResult]) -> None:
         for result in results:
             for element in result.parse.elements:
                 outcome = "error" if element.error else "skipped" if element.skipped else "decoded"
                 self.metrics.record_element(params.decoder, element.category, outcome,
                                             element.confidence if outcome == "decoded" else None)
-        return results
 
     def _record_decoding(self, decoder: str, stats: DecodeStats | protocol.StreamAccounting) -> None:
         """Acceleration metrics of one page (engine stats, or a stream's accounting of them)."""
@@ -314,7 +512,7 @@ class TritonPythonModel:
         self.metrics.record_batch(params.decoder, len(requests))
         pages = [_StreamedPage(request.get_response_sender()) for request in requests]
         if parsed[0][3] == "elements":
-            events = self._element_events([entry[1] for entry in parsed], params, pages)
+            events = self._element_events(self._read([entry[1] for entry in parsed], params, "elements"), pages)
         else:
             events = self.engine.stream([entry[1] for entry in parsed], params, cancelled=lambda row: pages[row].closed)
         try:
@@ -347,11 +545,10 @@ class TritonPythonModel:
             if not page.closed:
                 self._close_finished(page, params, entry, started, len(pages))
 
-    def _element_events(self, images: list, params: DecodeParams, pages: list[_StreamedPage]) -> Iterator[CommitEvent]:
-        """Element mode on the stream: the pages are parsed (all elements one batch), then each page
-        streams one event per decoded element in reading order, its markup followed by the blank
-        line that joins elements; the last one is final."""
-        results = self._read(images, params, "elements")
+    def _element_events(self, results: list[DecodeResult], pages: list[_StreamedPage]) -> Iterator[CommitEvent]:
+        """Element mode on the stream: once the pages are parsed, each page streams one event per
+        decoded element in reading order, its markup followed by the blank line that joins
+        elements; the last one is final."""
         for row, result in enumerate(results):
             pages[row].elements = served_elements(result.parse)
             decoded = [e for e in result.parse.decoded if e.markup.strip()]
@@ -408,3 +605,32 @@ class _StreamedPage:
     text: list[str] = field(default_factory=list)
     closed: bool = False
     elements: list[dict] = field(default_factory=list)  # element mode: the served boxes, for the request log
+    parsed: tuple | None = None  # continuous batching: (params, image, image bytes, mode, probe)
+    started: float = 0.0  # when its execute began (latency counts from there)
+    ticket: Ticket | None = None  # continuous batching: its place in the engine loop
+    cancel_asked: bool = False  # continuous batching: the client went away, the row is being dropped
+
+
+class _Responder:
+    """One thread for every call into the stub made after ``execute`` returned, in submission order:
+    the engine loop stays free of inter-process calls, and the stub sees them from one thread."""
+
+    def __init__(self, logger, model_name: str):
+        self.logger, self.model_name = logger, model_name
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="responder", daemon=True)
+        self._thread.start()
+
+    def call(self, function) -> None:
+        self._calls.put(function)
+
+    def stop(self, timeout: float = FINALIZE_WAIT_S) -> None:
+        self._calls.put(None)
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while (function := self._calls.get()) is not None:
+            try:
+                function()
+            except Exception as exc:  # one failed answer must not stop the others'
+                self.logger.log_error(f"{self.model_name}: responder: {exc}\n{traceback.format_exc()}")

@@ -57,7 +57,7 @@ class ServerBusyError(TranscriptionError):
 
 
 # What Triton's scheduler says when it refuses a request for load.
-_BUSY_MESSAGES = ("exceeds maximum queue size",)
+_BUSY_MESSAGES = ("exceeds maximum queue size", "server busy")  # Triton's queue; the engine loop's
 
 
 @dataclass

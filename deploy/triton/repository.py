@@ -22,6 +22,7 @@ STREAM_MODEL_NAME = "docmarkup_stream"
 MODEL_NAMES = (MODEL_NAME, STREAM_MODEL_NAME)
 DECODERS = ("ar", "sdb", "block", "ppc")
 PARSE_MODES = ("auto", "page", "elements")  # auto: as the model was trained (components.parsing.resolve_parse)
+BATCHING_MODES = ("continuous", "closed")  # deploy/triton/backend.py: an engine loop, or each execute's batch
 LAYOUTS = ("rapid-layout",)  # layouts a server can run on a bare page (ground truth needs the page record)
 
 _PARAMETER = re.compile(r'parameters\s*\{\s*key:\s*"(?P<key>[^"]+)"\s*value:\s*\{\s*string_value:\s*"(?:[^"\\]|\\.)*"\s*\}\s*\}')
@@ -114,6 +115,7 @@ def materialize_repository(
     instance_count: int = 1,
     max_batch_size: int = 8,
     max_queue_size: int = 32,
+    batching: str = "continuous",
     torch_threads: int = 1,
     engine_step: str = "default",
     model_cache_dir: str | Path | None = None,
@@ -125,8 +127,10 @@ def materialize_repository(
 
     ``model_uri`` is an MLflow URI (``models:/docmarkup@champion``) or a local model folder
     (made absolute, since the server's working directory may differ). ``max_batch_size`` caps
-    how many concurrent requests one execute of either model decodes together (0: no batching);
-    ``max_queue_size`` how many more may wait before the next is refused (0: unbounded).
+    how many concurrent requests either model decodes together (0: no batching);
+    ``max_queue_size`` how many more may wait before the next is refused (0: unbounded): Triton's
+    queue in front of ``execute`` and, under ``batching="continuous"`` (the engine loop every
+    request joins; ``"closed"``: each execute's requests together), the pages waiting for a row.
     Returns ``destination``.
     """
     if default_decoder not in DECODERS:
@@ -142,6 +146,8 @@ def materialize_repository(
         raise ValueError("max_batch_size must be >= 0 (0 = no batching)")
     if max_queue_size < 0:
         raise ValueError("max_queue_size must be >= 0 (0 = unbounded)")
+    if batching not in BATCHING_MODES:
+        raise ValueError(f"batching {batching!r} is not one of {BATCHING_MODES}")
     if torch_threads < 0:
         raise ValueError("torch_threads must be >= 0 (0 = torch default)")
     if engine_step not in STEP_SWITCHES:
@@ -167,6 +173,8 @@ def materialize_repository(
         "layout": layout,
         "max_new_tokens_limit": str(max_new_tokens_limit),
         "torch_threads": str(torch_threads),
+        "batching": batching,
+        "max_waiting": str(max_queue_size),
         "engine_step": engine_step,
         "model_cache_dir": str(Path(model_cache_dir).resolve()) if model_cache_dir else "",
         "request_log_dir": str(Path(request_log_dir).resolve()) if request_log_dir else "",
