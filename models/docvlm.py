@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from collections.abc import Callable
 from typing import Literal
 
@@ -305,10 +304,3 @@ AutoModel.register(DocVLMConfig, DocVLMForConditionalGeneration)
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def prefix_grid(config: DocVLMConfig) -> tuple[int, int]:
-    """Rows and columns of merged image tokens (for reading layout off the prefix)."""
-    height, width = config.image_size
-    step = config.pixel_patch * config.spatial_merge_size
-    return math.ceil(height / step), math.ceil(width / step)

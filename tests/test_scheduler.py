@@ -158,23 +158,26 @@ def test_bad_pages_cancels_and_a_full_queue_fail_only_their_own_request(base_eng
     assert kept.wait(0).token_ids == good.wait(0).token_ids
 
 
-def test_the_engine_loop_thread_serves_concurrent_submitters(base_engine):
-    scheduler = ContinuousScheduler(base_engine, max_rows=4)
+@pytest.mark.parametrize("overlap_prefill", [False, True])
+def test_the_engine_loop_thread_serves_concurrent_submitters(base_engine, overlap_prefill):
+    """Eight clients, four rows: pages join while others decode (with ``overlap_prefill`` their
+    prefill runs on its own thread meanwhile); every page is what it is alone."""
+    scheduler = ContinuousScheduler(base_engine, max_rows=4, overlap_prefill=overlap_prefill)
     scheduler.start()
     try:
-        images = _pages(4)
-        params = DecodeParams(decoder="ar", max_new_tokens=20)
+        images = _pages(8)
+        params = DecodeParams(decoder="sdb", window=4, max_new_tokens=60)
         results: dict[int, list[int]] = {}
 
         def client(i: int) -> None:
             results[i] = scheduler.submit(images[i], params).wait(60).token_ids
 
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(60)
-        assert [results[i] for i in range(4)] == [r.token_ids for r in base_engine.generate(images, params)]
+        assert [results[i] for i in range(8)] == [r.token_ids for r in base_engine.generate(images, params)]
     finally:
         scheduler.stop()
     waiting = scheduler.submit(_pages(1)[0], DecodeParams(max_new_tokens=8))
@@ -183,7 +186,8 @@ def test_the_engine_loop_thread_serves_concurrent_submitters(base_engine):
         waiting.wait(0)
 
 
-def test_two_stage_parses_on_other_threads_decode_their_elements_in_the_shared_batch(base_engine):
+@pytest.mark.parametrize("overlap_prefill", [False, True])
+def test_two_stage_parses_on_other_threads_decode_their_elements_in_the_shared_batch(base_engine, overlap_prefill):
     """The backend's element mode: each page's crops enter the running batch as rows of their own
     (``ScheduledEngine``); the parse equals the closed-batch parse of the same page."""
     settings = ParseSettings("elements", "rapid-layout")
@@ -191,7 +195,7 @@ def test_two_stage_parses_on_other_threads_decode_their_elements_in_the_shared_b
     params = DecodeParams(decoder="sdb", window=4, max_new_tokens=40)
     expected = [read_pages(base_engine, [image], params, settings)[0] for image in images]
     assert all(len(r.parse.decoded) > 1 for r in expected)
-    scheduler = ContinuousScheduler(base_engine, max_rows=8)
+    scheduler = ContinuousScheduler(base_engine, max_rows=8, overlap_prefill=overlap_prefill)
     scheduler.start()
     try:
         shared = ScheduledEngine(scheduler, timeout=120)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,6 +34,15 @@ from models.static_decoder import StaticKV
 
 if TYPE_CHECKING:  # the engine builds batches; a type only, no import at run time
     from components.decoding.engine import DecodingEngine
+
+
+@dataclass
+class Prefill:
+    """Pages run through the model's prefix, waiting to join a batch as rows."""
+
+    cache: object  # the model's prefill cache (KV, and its per-row prefix state)
+    n_prefix: int
+    rows: int
 
 
 def check_images(images: list[Image.Image]) -> None:
@@ -67,10 +77,13 @@ class DecodeBatch:
     def admit(self, images: list[Image.Image], row_ids: list[int], seeds: list[int | None],
               prompts: list[str | None] | None = None, started: float | None = None) -> list[RowState]:
         """Prefill ``images`` and add their rows (``row_ids``: the caller's names for them)."""
-        check_images(images)
-        if not self.joins_mid_batch and self.active:
-            raise RuntimeError("this model's cache takes new rows only into an empty batch")
         started = time.perf_counter() if started is None else started
+        return self.join(self.prefill(images, prompts), row_ids, seeds, started)
+
+    def prefill(self, images: list[Image.Image], prompts: list[str | None] | None = None) -> Prefill:
+        """Run the model over the pages' images (and task prompts): everything a row needs before it
+        joins. Touches no batch state, so it may run on another thread while the batch steps."""
+        check_images(images)
         model, device = self.engine.model, self.engine.model.device
         empty_prompt = torch.zeros(len(images), 0, dtype=torch.long, device=device)
         if prompts is not None:
@@ -83,12 +96,19 @@ class DecodeBatch:
             _, cache = model.prefill(images, empty_prompt)
         n_prefix = cache.get_seq_length()
         self.engine.check_params(self.params, n_prefix)
+        return Prefill(cache, n_prefix, len(images))
+
+    def join(self, prefill: Prefill, row_ids: list[int], seeds: list[int | None], started: float) -> list[RowState]:
+        """Add a prefill's rows to the batch (between steps)."""
+        if not self.joins_mid_batch and self.active:
+            raise RuntimeError("this model's cache takes new rows only into an empty batch")
+        cache, n_prefix, device = prefill.cache, prefill.n_prefix, self.engine.model.device
         spec = self.strategy.spec_length
         # Leave room for the widest forward (stored block + speculative segment) below the position limit.
         budget = min(self.params.max_new_tokens, self.engine.max_positions - n_prefix - 2 * spec - 1)
         # A model whose prefix bounds what it can write (the reader: about one token per slot) says so in
         # ``cache.output_budget``; a row that runs away then stops there instead of at max_new_tokens.
-        row_budgets = [int(b) for b in getattr(cache, "output_budget", [budget] * len(images))]
+        row_budgets = [int(b) for b in getattr(cache, "output_budget", [budget] * prefill.rows)]
         rows = []
         for i, (row_id, seed) in enumerate(zip(row_ids, seeds, strict=True)):
             generator = None if seed is None else torch.Generator(device="cpu").manual_seed(seed)
@@ -96,7 +116,7 @@ class DecodeBatch:
                            prefix_length=n_prefix, prefill=cache, prefill_row=i, started=started)
             self.strategy.start(row)
             rows.append(row)
-        valid = prefix_validity(cache, len(images), n_prefix, device)
+        valid = prefix_validity(cache, prefill.rows, n_prefix, device)
         if self.slots is not None and self.active:
             self.slots.admit(cache, n_prefix, valid)
         elif self.lean is not None:
@@ -104,7 +124,7 @@ class DecodeBatch:
             self.slots = StaticSlots(self.lean, StaticKV.from_cache(cache, capacity), n_prefix, valid,
                                      self.engine.fixed_step(self.lean))
         else:
-            self.slots = DynamicSlots(model, cache, len(images), n_prefix)
+            self.slots = DynamicSlots(self.engine.model, cache, prefill.rows, n_prefix)
         self.active.extend(rows)
         return rows
 

@@ -11,9 +11,12 @@ Requests of different decoding parameters (decoder, window, budget...) decode in
 stepped in turn. Models whose cache takes no rows mid-batch (the Hugging Face family adapters,
 :class:`components.decoding.slots.DynamicSlots`) are admitted whenever their batch is empty.
 
-It is driven either by a caller (``step`` until ``idle``: tests, benchmarks) or by one background
-thread (``start``/``stop``: the Triton backend's engine loop); ``submit`` and ``cancel`` are
-thread-safe, and the callbacks run on the engine loop's thread.
+It is driven either by a caller (``step`` until ``idle``: tests, benchmarks) or by a background
+thread (``start``/``stop``: the Triton backend's engine loop), with ``overlap_prefill`` a second
+one that prefills waiting pages while the rows decode (a page's image encoder costs about as much
+as 25 decoding steps of 8 rows on a CPU; in the loop it would stall them all). ``submit`` and
+``cancel`` are thread-safe; the callbacks run on the engine loop's thread (a failed prefill's on
+the prefill thread).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from PIL import Image
 
-from components.decoding.batch import DecodeBatch
+from components.decoding.batch import DecodeBatch, Prefill
 from components.decoding.types import CommitEvent, DecodeParams, DecodeResult, RowState
 
 DEFAULT_MAX_ROWS = 8
@@ -70,19 +73,40 @@ def batch_key(params: DecodeParams) -> DecodeParams:
     return replace(params, seed=None)
 
 
-class ContinuousScheduler:
-    """A waiting queue over one engine, admitted into at most ``max_rows`` decoding rows."""
+@dataclass
+class _Admission:
+    """Tickets taken from the queue to join one batch together (one prefill call)."""
 
-    def __init__(self, engine, max_rows: int = DEFAULT_MAX_ROWS, max_waiting: int | None = None):
+    key: DecodeParams
+    tickets: list[Ticket]
+    prompted: bool
+    prefill: Prefill | None = None
+    started: float = 0.0
+
+
+class ContinuousScheduler:
+    """A waiting queue over one engine, admitted into at most ``max_rows`` decoding rows.
+
+    ``overlap_prefill``: the pages' prefill (their image encoder and prefix, the costly part of
+    admitting a page) runs on a thread of its own while the engine loop keeps stepping the rows
+    already decoding; a prefilled page joins at the next step. Without it, admitting a page stalls
+    every row for its prefill. Only with ``start`` (the background engine loop).
+    """
+
+    def __init__(self, engine, max_rows: int = DEFAULT_MAX_ROWS, max_waiting: int | None = None,
+                 overlap_prefill: bool = False):
         if max_rows < 1:
             raise ValueError("max_rows must be >= 1")
         self.engine, self.max_rows, self.max_waiting = engine, max_rows, max_waiting
+        self.overlap_prefill = overlap_prefill
         self._waiting: deque[Ticket] = deque()
+        self._reserved = 0  # rows taken from the queue, prefilling or prefilled, not yet joined
+        self._ready: deque[_Admission] = deque()  # prefilled, waiting for the next step to join
         self._batches: dict[DecodeParams, DecodeBatch] = {}
-        self._tickets: dict[int, Ticket] = {}  # admitted, by key
+        self._tickets: dict[int, Ticket] = {}  # decoding, by key
         self._keys = itertools.count()
         self._lock = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._stopping = False
         self.steps = 0
 
@@ -114,11 +138,11 @@ class ContinuousScheduler:
 
     @property
     def decoding(self) -> int:
-        return sum(len(batch) for batch in self._batches.values())
+        return sum(len(batch) for batch in list(self._batches.values()))
 
     @property
     def idle(self) -> bool:
-        return not self._waiting and not self.decoding
+        return not self._waiting and not self._reserved and not self.decoding
 
     def run_until_idle(self) -> None:
         while not self.idle:
@@ -126,8 +150,12 @@ class ContinuousScheduler:
 
     # ----- the engine loop ---------------------------------------------------------------
     def step(self) -> None:
-        """Admit what fits, then one forward for each batch with rows."""
-        self._admit()
+        """Admit what fits (prefilling it here, unless a prefill thread does), then one forward for
+        each batch with rows."""
+        if not self.overlap_prefill:
+            for admission in self._take():
+                self._prefill(admission)
+        self._join_ready()
         for key, batch in list(self._batches.items()):
             if not batch:
                 continue
@@ -142,52 +170,83 @@ class ContinuousScheduler:
                 if ticket is not None and ticket.on_event is not None and not ticket.cancelled:
                     ticket.on_event(event)
             batch.cancel(self._is_cancelled)  # a page cancelled meanwhile (or by its own callback) leaves now
-            for row in rows:
-                if row.done:
-                    self._retire(row)
+            retired = [row for row in rows if row.done]
+            for row in retired:
+                self._retire(row)
+            if retired and self.overlap_prefill:
+                with self._lock:
+                    self._lock.notify_all()  # rows are free: the prefill thread may take waiting pages
         self.steps += 1
 
     def start(self) -> None:
-        """Run the engine loop on a background thread until :meth:`stop`."""
-        if self._thread is not None:
+        """Run the engine loop (and, with ``overlap_prefill``, the prefill thread) until :meth:`stop`."""
+        if self._threads:
             return
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
-        self._thread.start()
+        loops = [("engine-loop", self._loop)] + ([("prefill", self._prefill_loop)] if self.overlap_prefill else [])
+        for name, target in loops:
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the loop after the current step; pages still waiting or decoding end with an error."""
+        """Stop the loops after their current step; pages still waiting or decoding end with an error."""
         with self._lock:
             self._stopping = True
             self._lock.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        for thread in self._threads:
+            thread.join(timeout)
+        self._threads = []
         with self._lock:
+            stopped = CancelledError("the engine loop stopped")
             while self._waiting:
-                self._finish(self._waiting.popleft(), error=CancelledError("the engine loop stopped"))
+                self._finish(self._waiting.popleft(), error=stopped)
+            while self._ready:
+                for ticket in self._ready.popleft().tickets:
+                    self._finish(ticket, error=stopped)
+            self._reserved = 0
             for key, batch in list(self._batches.items()):
-                self._fail_batch(key, batch, CancelledError("the engine loop stopped"))
+                self._fail_batch(key, batch, stopped)
 
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self._stopping and self.idle:
+                while not self._stopping and not self._ready and not self.decoding and (
+                        self.overlap_prefill or not self._waiting):
                     self._lock.wait()
                 if self._stopping:
                     return
             self.step()
+
+    def _prefill_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stopping and not self._admissible():
+                    self._lock.wait()
+                if self._stopping:
+                    return
+            for admission in self._take():
+                self._prefill(admission)
+                with self._lock:
+                    self._lock.notify_all()  # the engine loop may be waiting for rows
 
     # ----- internals ---------------------------------------------------------------------
     def _is_cancelled(self, key: int) -> bool:
         ticket = self._tickets.get(key)
         return ticket is None or ticket.cancelled
 
-    def _admit(self) -> None:
+    def _free_rows(self) -> int:
+        return self.max_rows - self.decoding - self._reserved
+
+    def _admissible(self) -> bool:
+        return bool(self._waiting) and self._free_rows() > 0
+
+    def _take(self) -> list[_Admission]:
+        """Waiting tickets for the free rows, grouped into one prefill per batch (and prompt use)."""
         with self._lock:
-            free = self.max_rows - self.decoding
-            admitted: dict[tuple[DecodeParams, bool], list[Ticket]] = {}
-            held = deque()
+            free = self._free_rows()
+            groups: dict[tuple[DecodeParams, bool], _Admission] = {}
+            held: deque[Ticket] = deque()
             while self._waiting and free > 0:
                 ticket = self._waiting.popleft()
                 key = batch_key(ticket.params)
@@ -195,41 +254,72 @@ class ContinuousScheduler:
                 if batch is not None and batch and not batch.joins_mid_batch:
                     held.append(ticket)  # this model's cache takes rows only into an empty batch
                     continue
-                admitted.setdefault((key, ticket.prompt is not None), []).append(ticket)
+                prompted = ticket.prompt is not None
+                groups.setdefault((key, prompted), _Admission(key, [], prompted)).tickets.append(ticket)
                 free -= 1
             self._waiting.extendleft(reversed(held))
-        for (key, prompted), tickets in admitted.items():
-            batch = self._batches.get(key)
-            if batch is None:
-                batch = self._batches[key] = self.engine.new_batch(key)
-            started = time.perf_counter()
-            try:
-                rows = batch.admit([t.image for t in tickets], [t.key for t in tickets],
-                                   [t.params.seed for t in tickets],
-                                   prompts=[t.prompt for t in tickets] if prompted else None, started=started)
-            except Exception as exc:  # a bad page (or a too-large window) fails its own request only
-                if len(tickets) > 1:
-                    for ticket in tickets:  # find which: admit them one by one
-                        self._admit_one(batch, ticket, prompted)
-                    continue
-                self._finish(tickets[0], error=exc)
-                continue
-            for ticket, row in zip(tickets, rows, strict=True):
-                ticket.admitted = started
-                self._tickets[ticket.key] = ticket
-                ticket.row = row
+            for admission in groups.values():
+                self._reserved += len(admission.tickets)
+                if admission.key not in self._batches:
+                    self._batches[admission.key] = self.engine.new_batch(admission.key)
+            return list(groups.values())
 
-    def _admit_one(self, batch: DecodeBatch, ticket: Ticket, prompted: bool) -> None:
-        started = time.perf_counter()
+    def _prefill(self, admission: _Admission) -> None:
+        """Prefill an admission's pages together; if that fails, each alone, so a bad page fails only itself."""
+        batch = self._batches[admission.key]
+        parts = [admission]
+        admission.started = time.perf_counter()
         try:
-            [row] = batch.admit([ticket.image], [ticket.key], [ticket.params.seed],
-                                prompts=[ticket.prompt] if prompted else None, started=started)
+            admission.prefill = self._run_prefill(batch, admission)
         except Exception as exc:
-            self._finish(ticket, error=exc)
-            return
-        ticket.admitted = started
-        self._tickets[ticket.key] = ticket
-        ticket.row = row
+            if len(admission.tickets) == 1:
+                self._drop(admission.tickets, exc)
+                return
+            parts = []
+            for ticket in admission.tickets:
+                alone = _Admission(admission.key, [ticket], admission.prompted, started=time.perf_counter())
+                try:
+                    alone.prefill = self._run_prefill(batch, alone)
+                    parts.append(alone)
+                except Exception as error:
+                    self._drop([ticket], error)
+        with self._lock:
+            self._ready.extend(parts)
+
+    @staticmethod
+    def _run_prefill(batch: DecodeBatch, admission: _Admission) -> Prefill:
+        return batch.prefill([t.image for t in admission.tickets],
+                             [t.prompt for t in admission.tickets] if admission.prompted else None)
+
+    def _drop(self, tickets: list[Ticket], error: BaseException) -> None:
+        with self._lock:
+            self._reserved -= len(tickets)
+            for ticket in tickets:
+                self._finish(ticket, error=error)
+
+    def _join_ready(self) -> None:
+        """Prefilled pages join their batches (a batch that takes rows only when empty waits)."""
+        with self._lock:
+            ready, waiting = list(self._ready), deque()
+            self._ready.clear()
+        for admission in ready:
+            batch = self._batches[admission.key]
+            if batch and not batch.joins_mid_batch:
+                waiting.append(admission)
+                continue
+            live = [t for t in admission.tickets if not t.cancelled]
+            rows = batch.join(admission.prefill, [t.key for t in admission.tickets],
+                              [t.params.seed for t in admission.tickets], admission.started)
+            with self._lock:
+                self._reserved -= len(admission.tickets)
+                for ticket, row in zip(admission.tickets, rows, strict=True):
+                    ticket.admitted, ticket.row = admission.started, row
+                    self._tickets[ticket.key] = ticket
+            if len(live) < len(admission.tickets):  # cancelled while prefilling: leave at once
+                for row in batch.cancel(self._is_cancelled):
+                    self._retire(row)
+        with self._lock:
+            self._ready.extendleft(reversed(waiting))
 
     def _retire(self, row: RowState) -> None:
         ticket = self._tickets.pop(row.row, None)
@@ -245,7 +335,7 @@ class ContinuousScheduler:
             ticket = self._tickets.pop(row.row, None)
             if ticket is not None:
                 self._finish(ticket, error=exc)
-        self._batches.pop(key, None)
+        batch.active, batch.slots = [], None
 
     def _finish(self, ticket: Ticket, result: DecodeResult | None = None, error: BaseException | None = None) -> None:
         ticket.result, ticket.error = result, error

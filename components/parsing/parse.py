@@ -23,7 +23,7 @@ from components.decoding.types import DecodeParams, DecodeResult, DecodeStats
 from components.parsing.assembly import assemble, element_markup, order_elements, recognition_category
 from components.parsing.crops import DEFAULT_CROP, CropSettings, crop_region
 from components.parsing.frontend import FrontEndPage, ModelLines, shared_front_end
-from components.parsing.layout import LAYOUTS, Layout, LayoutRegion, make_layout
+from components.parsing.layout import LAYOUTS, Layout, make_layout
 from components.parsing.layout.region import Box
 from components.parsing.pieces import generate_in_pieces, joiner, merge_results
 from components.parsing.prompts import style_for_model, task_prompt
@@ -232,11 +232,6 @@ def _decode(engine, jobs, params: DecodeParams, style: str) -> list[DecodeResult
         except Exception as error:
             outcomes.append(error)
     return outcomes
-
-
-def layout_regions(parse: PageParse) -> list[LayoutRegion]:
-    """The parse's boxes as layout regions (e.g. to pre-fill an annotation task)."""
-    return [LayoutRegion(e.category, e.box, e.confidence) for e in parse.elements]
 
 
 def parse_result(parse: PageParse) -> DecodeResult:

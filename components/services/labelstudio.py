@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import secrets
-import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -183,10 +182,7 @@ def start_label_studio(
     credentials = load_or_create_credentials(name)
     service = label_studio_service(port, name=name, data_dir=data_dir, credentials=credentials)
     _state_dir(name).mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
     service.start()
-    if not reused:
-        (_state_dir(name) / "last_startup_s").write_text(f"{time.monotonic() - started:.1f}\n")
     response = requests.get(
         f"{url}/api/current-user/whoami", headers={"Authorization": f"Token {credentials.api_key}"}, timeout=10
     )
@@ -204,14 +200,6 @@ def stop_label_studio(name: str = DEFAULT_SERVICE_NAME) -> bool:
     # The command line does not matter for stopping: the PID file identifies the process group.
     service = ManagedService(name=name, command=["label-studio"], health=lambda: False)
     return service.stop()
-
-
-def last_startup_seconds(name: str = DEFAULT_SERVICE_NAME) -> float | None:
-    """How long the last real start (not a reuse) waited for the server to become healthy."""
-    try:
-        return float((_state_dir(name) / "last_startup_s").read_text())
-    except (FileNotFoundError, ValueError):
-        return None
 
 
 @contextlib.contextmanager

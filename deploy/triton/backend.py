@@ -4,9 +4,10 @@ Both models' ``model.py`` import :class:`TritonPythonModel` from here; the confi
 mode (``model_transaction_policy { decoupled: true }`` streams) and the batching:
 
 - ``continuous`` (default): every instance runs one engine loop on a background thread
-  (:class:`components.decoding.scheduler.ContinuousScheduler`); ``execute`` only parses its
-  requests and queues them, and each page joins the running batch at the next step, its answer
-  sent through its response sender (the stream: one response per commit) when it ends.
+  (:class:`components.decoding.scheduler.ContinuousScheduler`), and a prefill thread beside it
+  (``overlap_prefill``: a new page's image encoder runs while the rows decode); ``execute`` only
+  parses its requests and queues them, and each page joins the running batch at the next step,
+  its answer sent through its response sender (the stream: one response per commit) when it ends.
   Element-mode pages are parsed on a worker thread and their crops join the same batch.
   Past ``max_waiting`` queued pages a request is refused at once ("server busy", 503);
 - ``closed``: each execute decodes its dynamically batched requests as one engine batch to the
@@ -123,8 +124,9 @@ class TritonPythonModel:
         self._element_pending = 0
         if self.batching == "continuous":
             max_waiting = int(parameters.get("max_waiting") or 0)
-            self.scheduler = ContinuousScheduler(self.engine, max_rows=max(1, self.max_batch_size),
-                                                 max_waiting=max_waiting or None)
+            self.scheduler = ContinuousScheduler(
+                self.engine, max_rows=max(1, self.max_batch_size), max_waiting=max_waiting or None,
+                overlap_prefill=(parameters.get("overlap_prefill") or "true").lower() == "true")
             self.scheduler.start()
             self._element_workers = ThreadPoolExecutor(ELEMENT_WORKERS, thread_name_prefix="element-parse")
             self.responder = _Responder(self.logger, self.model_name)

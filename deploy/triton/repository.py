@@ -116,6 +116,7 @@ def materialize_repository(
     max_batch_size: int = 8,
     max_queue_size: int = 32,
     batching: str = "continuous",
+    overlap_prefill: bool = True,
     torch_threads: int = 1,
     engine_step: str = "default",
     model_cache_dir: str | Path | None = None,
@@ -130,7 +131,8 @@ def materialize_repository(
     how many concurrent requests either model decodes together (0: no batching);
     ``max_queue_size`` how many more may wait before the next is refused (0: unbounded): Triton's
     queue in front of ``execute`` and, under ``batching="continuous"`` (the engine loop every
-    request joins; ``"closed"``: each execute's requests together), the pages waiting for a row.
+    request joins; ``"closed"``: each execute's requests together), the pages waiting for a row;
+    ``overlap_prefill``: continuous batching prefills new pages on a thread beside the engine loop.
     Returns ``destination``.
     """
     if default_decoder not in DECODERS:
@@ -174,6 +176,7 @@ def materialize_repository(
         "max_new_tokens_limit": str(max_new_tokens_limit),
         "torch_threads": str(torch_threads),
         "batching": batching,
+        "overlap_prefill": "true" if overlap_prefill else "false",
         "max_waiting": str(max_queue_size),
         "engine_step": engine_step,
         "model_cache_dir": str(Path(model_cache_dir).resolve()) if model_cache_dir else "",

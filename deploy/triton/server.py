@@ -447,11 +447,6 @@ def triton_server(
     return TritonServer(name=name, ports=ports, model_repository=repository, service=service, shm_region_prefix=prefix)
 
 
-def triton_service(model_repository: str | os.PathLike, **options) -> ManagedService:
-    """The :class:`ManagedService` behind :func:`triton_server` (for generic service tooling)."""
-    return triton_server(model_repository, **options).service
-
-
 def start_triton(
     model_uri: str = DEFAULT_MODEL_URI,
     *,

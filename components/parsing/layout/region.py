@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from components.metrics.layout import box_iou
+
 Box = tuple[float, float, float, float]
 
 
@@ -23,16 +25,6 @@ class LayoutRegion:
         height = min(self.box[3], box[3]) - max(self.box[1], box[1])
         area = max(1e-6, (box[2] - box[0]) * (box[3] - box[1]))
         return width > 0 and height > 0 and width * height >= fraction * area
-
-
-def box_iou(a: Box, b: Box) -> float:
-    width = min(a[2], b[2]) - max(a[0], b[0])
-    height = min(a[3], b[3]) - max(a[1], b[1])
-    if width <= 0 or height <= 0:
-        return 0.0
-    inter = width * height
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
 
 
 def without_duplicates(regions: list[LayoutRegion], iou: float = 0.6) -> list[LayoutRegion]:
