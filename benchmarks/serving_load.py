@@ -65,7 +65,7 @@ def send(client: DocMarkupClient, page: bytes, reference: list[int], max_new_tok
         answer = client.transcribe(page, max_new_tokens=max_new_tokens)
     except ServerBusyError:
         return Outcome("busy", time.perf_counter() - since)
-    except (TranscriptionError, TritonUnavailableError):
+    except (TranscriptionError, TritonUnavailableError, OSError, RuntimeError):  # a dropped connection too
         return Outcome("error", time.perf_counter() - since)
     kind = "ok" if answer.token_ids == reference else "mismatch"
     return Outcome(kind, time.perf_counter() - since, len(answer.token_ids))
@@ -206,6 +206,33 @@ def plot(results: dict, path: Path) -> None:
     plt.close(figure)
 
 
+def fmt(stat: dict | None, digits: int = 2) -> str:
+    if not stat:
+        return "–"
+    return f"{stat['median']:.{digits}f}"
+
+
+def markdown_table(result: dict) -> str:
+    """The docs' table: each load, closed batches beside continuous batching (medians over repeats)."""
+    closed, continuous = result["contenders"]["closed"], result["contenders"]["continuous"]
+    lines = ["| load | closed pages/s | continuous pages/s | ratio | closed p50 / p99 s | continuous p50 / p99 s "
+             "| refused closed / continuous | lost or mixed up |", "| --- " * 8 + "|"]
+    phases = [(f"{c} client{'s' if c != '1' else ''}", "closed_loop", c) for c in closed["closed_loop"]]
+    for multiple in closed["open_loop"]:
+        offered = closed["open_loop"][multiple]["runs"][0]["offered_per_s"]
+        phases.append((f"Poisson {float(multiple):g}× ({offered:.1f}/s)", "open_loop", multiple))
+    for label, kind, key in phases:
+        a, b = closed[kind][key], continuous[kind][key]
+        ratio = b["pages_per_s"]["median"] / a["pages_per_s"]["median"]
+        requests = sum(run["requests"] for run in a["runs"])
+        lost = sum(r["outcomes"]["mismatch"] + r["outcomes"]["error"] for r in (a, b))
+        lines.append(f"| {label} | {fmt(a['pages_per_s'])} ({a['pages_per_s']['min']:.2f}–{a['pages_per_s']['max']:.2f}) "
+                     f"| {fmt(b['pages_per_s'])} ({b['pages_per_s']['min']:.2f}–{b['pages_per_s']['max']:.2f}) "
+                     f"| {ratio:.2f}× | {fmt(a['p50_s'])} / {fmt(a['p99_s'])} | {fmt(b['p50_s'])} / {fmt(b['p99_s'])} "
+                     f"| {a['outcomes']['busy']} / {b['outcomes']['busy']} (of ~{requests}) | {lost} |")
+    return "\n".join(lines)
+
+
 def interleaved(names: list[str], repeats: int, run) -> dict[str, list]:
     """``run(name, repeat)`` for every contender and repeat, their order alternating by repeat."""
     runs: dict[str, list] = {name: [] for name in names}
@@ -229,7 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-size", type=int, default=8)
     parser.add_argument("--max-queue-size", type=int, default=32)
     parser.add_argument("--out", type=Path, default=VAR_DIR / "bench" / "serving_load")
+    parser.add_argument("--table", type=Path, default=None, help="print the docs' table of a results JSON and stop")
     args = parser.parse_args(argv)
+    if args.table is not None:
+        print(markdown_table(json.loads(args.table.read_text())))
+        return 0
     if args.quick:
         args.pages, args.repeats, args.clients, args.duration, args.per_client = 16, 1, "1,16", 8.0, 3
         args.rates = "1,3"
@@ -301,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
               "seconds": round(time.perf_counter() - started, 1)}
     (args.out / "serving_load.json").write_text(json.dumps(result, indent=2))
     plot(results, args.out / "serving_load.png")
+    print(markdown_table(result))
     lost = 0
     for name in names:
         phases = (*results[name]["closed_loop"].values(), *results[name]["open_loop"].values())

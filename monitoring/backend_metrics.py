@@ -19,7 +19,7 @@ would at a server restart):
 - ``docmarkup_mean_confidence``          histogram, per request: mean confidence of committed tokens;
 - ``docmarkup_batch_pages``               histogram, pages decoded together: per engine batch (closed
   batching), or per page the rows decoding when it ended (continuous batching);
-- ``docmarkup_requests_total``           counter, by ``outcome`` (ok, truncated, invalid, cancelled, refused: busy, error);
+- ``docmarkup_requests_total``           counter, by ``outcome`` (ok, truncated, invalid, cancelled, refused: busy, timeout, error);
 - ``docmarkup_elements_total``           counter, element mode (``PARSE=elements``): elements by
   ``category`` and ``outcome`` (decoded, skipped, error);
 - ``docmarkup_element_confidence``       histogram, element mode: mean confidence per decoded element, by ``category``;
@@ -82,7 +82,7 @@ ELEMENT_CONFIDENCE = MetricSpec(
 ALL_METRICS = (REQUEST_LATENCY, TOKENS_PER_FORWARD, ACCEPTANCE_LENGTH, MEAN_CONFIDENCE, BATCH_PAGES, REQUESTS,
                GENERATED_TOKENS, FORWARD_PASSES, ELEMENTS, ELEMENT_CONFIDENCE)
 ELEMENT_OUTCOMES = ("decoded", "skipped", "error")
-OUTCOMES = ("ok", "truncated", "invalid", "cancelled", "refused", "error")
+OUTCOMES = ("ok", "truncated", "invalid", "cancelled", "refused", "timeout", "error")
 
 
 class BackendMetrics:

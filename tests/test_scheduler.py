@@ -5,13 +5,21 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from components.data.synthetic import SyntheticConfig, generate_page
 from components.decoding.engine import DecodingEngine
-from components.decoding.scheduler import CancelledError, ContinuousScheduler, QueueFullError, ScheduledEngine
+from components.decoding.scheduler import (
+    CancelledError,
+    ContinuousScheduler,
+    DeadlineExceededError,
+    QueueFullError,
+    ScheduledEngine,
+)
 from components.decoding.types import DecodeParams
 from components.parsing import ParseSettings, read_pages
+from models.loading import new_tiny_model
 
 DECODERS = ["ar", "sdb", "block", "ppc"]
 
@@ -211,3 +219,24 @@ def test_two_stage_parses_on_other_threads_decode_their_elements_in_the_shared_b
     for i in range(2):
         assert got[i].text == expected[i].text
         assert got[i].token_ids == expected[i].token_ids
+
+
+def test_a_page_past_its_own_timeout_ends_waiting_or_decoding_and_the_others_go_on(tokenizer):
+    """An untrained model with large weights never writes <eos>: a 400-token page takes about a second."""
+    model = new_tiny_model(tokenizer, seed=7)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 3.0 / parameter[0].numel() ** 0.5)
+    scheduler = ContinuousScheduler(DecodingEngine(model, tokenizer), max_rows=2)
+    first = scheduler.submit(_pages(1)[0], DecodeParams(max_new_tokens=20), timeout_s=60)
+    queued = scheduler.submit(_pages(2)[1], DecodeParams(max_new_tokens=20), timeout_s=0.0)  # expires in the queue
+    decoding = scheduler.submit(_pages(3)[2], DecodeParams(max_new_tokens=400), timeout_s=0.3)
+    scheduler.run_until_idle()
+    assert len(first.wait(0).token_ids) == 20
+    with pytest.raises(DeadlineExceededError, match="waiting"):
+        queued.wait(0)
+    with pytest.raises(DeadlineExceededError, match="after"):  # it started, then its time ran out mid-page
+        decoding.wait(0)
+    assert decoding.row is not None and 0 < len(decoding.row.generated) < 400

@@ -326,6 +326,21 @@ def test_a_burst_past_the_queue_is_refused_at_once_and_every_accepted_page_is_an
     assert client.transcribe(pages[0], max_new_tokens=MAX_TOKENS).token_ids
 
 
+def test_a_page_past_its_own_timeout_is_answered_504_and_the_rows_ahead_are_not_disturbed(client, registry):
+    """Eight long pages fill the rows; a ninth that allows itself 0.2 s ends waiting, told why."""
+    pages = [png(generate_page(seed)[1]) for seed in range(60, 68)]
+    with ThreadPoolExecutor(8) as pool:
+        longs = [pool.submit(client.transcribe, page, max_new_tokens=256) for page in pages]
+        time.sleep(0.3)
+        with pytest.raises(TranscriptionError, match="timed out") as refused:
+            client.transcribe(pages[0], max_new_tokens=256, timeout_s=0.2)
+        answers = [future.result() for future in longs]
+    assert refused.value.status == "504"
+    alone = [client.transcribe(page, max_new_tokens=256) for page in pages]
+    assert [answer.token_ids for answer in answers] == [answer.token_ids for answer in alone]
+    assert client.transcribe(pages[0], max_new_tokens=256).token_ids == alone[0].token_ids  # it serves on
+
+
 def test_transcribe_many_keeps_order_and_reports_a_bad_page_in_its_place(client, page):
     pages = [page, b"not an image", png(generate_page(51)[1])]
     results = client.transcribe_many(pages, return_exceptions=True, decoder="sdb", max_new_tokens=MAX_TOKENS)

@@ -40,6 +40,10 @@ class QueueFullError(RuntimeError):
     """The waiting queue holds ``max_waiting`` requests: the caller should refuse this one (busy)."""
 
 
+class DeadlineExceededError(TimeoutError):
+    """The page's own time limit (``submit(deadline=...)``) passed before it was decoded."""
+
+
 @dataclass
 class Ticket:
     """One submitted page: its events as they come, then its result (or the error that ended it)."""
@@ -55,6 +59,7 @@ class Ticket:
     result: DecodeResult | None = None
     error: BaseException | None = None
     cancelled: bool = False
+    deadline: float | None = None  # perf_counter time after which the page is dropped, waiting or decoding
     row: RowState | None = None  # its decoding row, once admitted
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -113,13 +118,18 @@ class ContinuousScheduler:
     # ----- what callers do ---------------------------------------------------------------
     def submit(self, image: Image.Image, params: DecodeParams, prompt: str | None = None,
                on_event: Callable[[CommitEvent], None] | None = None,
-               on_done: Callable[[Ticket], None] | None = None, bounded: bool = True) -> Ticket:
+               on_done: Callable[[Ticket], None] | None = None, bounded: bool = True,
+               timeout_s: float | None = None) -> Ticket:
         """Queue one page. ``bounded``: refuse it (:class:`QueueFullError`) when ``max_waiting`` pages
-        wait already; the pieces of a page that was accepted earlier (its element crops) are not."""
+        wait already; the pieces of a page that was accepted earlier (its element crops) are not.
+        ``timeout_s``: the page's own limit; past it, it ends with :class:`DeadlineExceededError`,
+        still waiting (it never starts) or decoding (its row leaves)."""
         with self._lock:
             if bounded and self.max_waiting is not None and len(self._waiting) >= self.max_waiting:
                 raise QueueFullError(f"{len(self._waiting)} pages already wait for a decoding row")
             ticket = Ticket(next(self._keys), image, params, prompt, on_event, on_done)
+            if timeout_s is not None:
+                ticket.deadline = ticket.submitted + timeout_s
             self._waiting.append(ticket)
             self._lock.notify_all()
         return ticket
@@ -232,8 +242,16 @@ class ContinuousScheduler:
 
     # ----- internals ---------------------------------------------------------------------
     def _is_cancelled(self, key: int) -> bool:
+        """Whether a row leaves now: its page was cancelled, or its deadline passed."""
         ticket = self._tickets.get(key)
-        return ticket is None or ticket.cancelled
+        if ticket is None or ticket.cancelled:
+            return True
+        return ticket.deadline is not None and time.perf_counter() > ticket.deadline
+
+    @staticmethod
+    def _expired(ticket: Ticket, where: str) -> DeadlineExceededError:
+        limit = ticket.deadline - ticket.submitted
+        return DeadlineExceededError(f"page {ticket.key} timed out after {limit:.3g} s (its timeout) {where}")
 
     def _free_rows(self) -> int:
         return self.max_rows - self.decoding - self._reserved
@@ -247,6 +265,10 @@ class ContinuousScheduler:
             free = self._free_rows()
             groups: dict[tuple[DecodeParams, bool], _Admission] = {}
             held: deque[Ticket] = deque()
+            now = time.perf_counter()
+            for ticket in [t for t in self._waiting if t.deadline is not None and now > t.deadline]:
+                self._waiting.remove(ticket)
+                self._finish(ticket, error=self._expired(ticket, "waiting for a decoding row"))
             while self._waiting and free > 0:
                 ticket = self._waiting.popleft()
                 key = batch_key(ticket.params)
@@ -325,8 +347,10 @@ class ContinuousScheduler:
         ticket = self._tickets.pop(row.row, None)
         if ticket is None:
             return
-        if row.cancelled or ticket.cancelled:
+        if ticket.cancelled:
             self._finish(ticket, error=CancelledError(f"page {ticket.key} cancelled"))
+        elif row.cancelled:  # not by its caller: its deadline passed
+            self._finish(ticket, error=self._expired(ticket, f"after {len(row.generated)} tokens"))
         else:
             self._finish(ticket, result=self.engine.result_of(row))
 

@@ -43,6 +43,7 @@ from components.decoding.fixed_step import STEP_SWITCHES
 from components.decoding.scheduler import (
     CancelledError,
     ContinuousScheduler,
+    DeadlineExceededError,
     QueueFullError,
     ScheduledEngine,
     Ticket,
@@ -64,16 +65,22 @@ def _tensor(name: str, values: np.ndarray) -> pb_utils.Tensor:
     return pb_utils.Tensor(name, values)
 
 
+def request_timeout_s(request) -> float | None:
+    """The request's own time limit (the client's ``timeout``, microseconds on the wire), if it set one."""
+    timeout_us = request.timeout() if hasattr(request, "timeout") else 0
+    return timeout_us / 1e6 if timeout_us else None
+
+
 def request_input(request, name: str) -> np.ndarray | None:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
 
 
-def _error(message: str, code: int | None = None) -> pb_utils.TritonError:
+def _error(message: str, code: int | None = None, status: int | None = None) -> pb_utils.TritonError:
     """An error response; its status travels in the message too (the gRPC stream drops the code).
     (``pb_utils.TritonError`` exists only once the stub runs, so the codes are read here.)"""
-    status = {pb_utils.TritonError.INVALID_ARG: 400, pb_utils.TritonError.CANCELLED: 499,
-              pb_utils.TritonError.UNAVAILABLE: 503}.get(code, 500)
+    status = status or {pb_utils.TritonError.INVALID_ARG: 400, pb_utils.TritonError.CANCELLED: 499,
+                        pb_utils.TritonError.UNAVAILABLE: 503}.get(code, 500)
     text = protocol.with_status(message, status)
     return pb_utils.TritonError(text) if code is None else pb_utils.TritonError(text, code)
 
@@ -208,7 +215,8 @@ class TritonPythonModel:
                 else:
                     page.ticket = self.scheduler.submit(
                         entry[1], entry[0], on_event=lambda e, p=page: self._on_event(p, e),
-                        on_done=lambda t, p=page: self.responder.call(lambda: self._finish(p, t)))
+                        on_done=lambda t, p=page: self.responder.call(lambda: self._finish(p, t)),
+                        timeout_s=request_timeout_s(request))
             except QueueFullError as exc:
                 self.responder.call(lambda p=page, error=exc: self._refuse(p, error))
             except Exception as exc:  # nothing was queued: no callback will end it
@@ -278,6 +286,10 @@ class TritonPythonModel:
             params = page.parsed[0]
             if isinstance(ticket.error, CancelledError):
                 self._close_cancelled(page, params, page.started)
+            elif isinstance(ticket.error, DeadlineExceededError):
+                page.closed = True
+                self.metrics.record_request(params.decoder, "timeout", time.perf_counter() - page.started)
+                self._send_final(page.sender, pb_utils.InferenceResponse(error=_error(str(ticket.error), status=504)))
             elif ticket.error is not None:
                 self._fail(page, ticket.error)
             elif self.decoupled:

