@@ -29,7 +29,20 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import mlflow
 import numpy as np
+import torch
+
+from components.curation.mining import mine_consistency
+from components.curation.storage import write_subset
+from components.data.page_store import PageDataset
+from components.data.synthetic import LEXICON, SyntheticConfig, generate_dataset
+from components.decoding.engine import DecodingEngine
+from components.decoding.types import DecodeParams
+from components.evaluation.evaluate import evaluate_decoders
+from components.registry.mlflow_registry import configure
+from components.training.config import load_train_config
+from components.training.trainer import run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_MODEL = ROOT / "models" / "pretrained" / "docmarkup-base"
@@ -40,15 +53,10 @@ POLICIES = ("mined", "confidence", "random")
 
 
 def page_config():
-    from components.data.synthetic import LEXICON, SyntheticConfig
-
     return replace(SyntheticConfig.preset("tiny"), lexicon_size=len(LEXICON))
 
 
 def make_store(path: Path, n: int, seed: int):
-    from components.data.page_store import PageDataset
-    from components.data.synthetic import generate_dataset
-
     store = PageDataset(path)
     if not store.exists() or len(store) != n:
         generate_dataset(path, n, seed=seed, cfg=page_config())
@@ -58,8 +66,6 @@ def make_store(path: Path, n: int, seed: int):
 def choose(policy: str, engine, pool, candidates: list[str], budget: int, rng: np.random.Generator,
            max_new_tokens: int, journal: str) -> tuple[list[str], dict[str, float]]:
     """The ``budget`` pages the policy sends to annotators, and the score it ranked them by."""
-    from components.curation.mining import mine_consistency
-    from components.decoding.types import DecodeParams
 
     if policy == "random":
         order = rng.permutation(len(candidates))[:budget]
@@ -82,9 +88,6 @@ def choose(policy: str, engine, pool, candidates: list[str], budget: int, rng: n
 
 
 def replay_store(args):
-    from components.data.page_store import PageDataset
-    from components.data.synthetic import SyntheticConfig, generate_dataset
-
     store = PageDataset(args.out / "replay-256")
     if not store.exists() or len(store) != 256:
         generate_dataset(store.root, 256, seed=REPLAY_SEED, cfg=SyntheticConfig.preset("tiny"))
@@ -92,9 +95,6 @@ def replay_store(args):
 
 
 def retrain(model_dir: Path, annotated: Path, out: Path, seed: int, args) -> Path:
-    from components.training.config import load_train_config
-    from components.training.trainer import run_training
-
     config = load_train_config(ROOT / "configs/train/stage2.yaml", {
         "name": out.name, "seed": seed, "output_dir": str(out), "model.init_from": str(model_dir),
         "data.dataset": str(replay_store(args).root), "data.hard_examples": str(annotated), "data.hard_ratio": 0.5,
@@ -106,10 +106,6 @@ def retrain(model_dir: Path, annotated: Path, out: Path, seed: int, args) -> Pat
 
 
 def overall(model_dir: Path, eval_store, max_new_tokens: int) -> float:
-    from components.decoding.engine import DecodingEngine
-    from components.decoding.types import DecodeParams
-    from components.evaluation.evaluate import evaluate_decoders
-
     report = evaluate_decoders(DecodingEngine.from_pretrained(model_dir), eval_store,
                                [DecodeParams(decoder="ar", max_new_tokens=max_new_tokens)])
     return report.decoders["ar"].overall
@@ -117,8 +113,6 @@ def overall(model_dir: Path, eval_store, max_new_tokens: int) -> float:
 
 def run_policy(policy: str, seed: int, args, start_overall: float) -> list[float]:
     """Overall after each round (round 0: the start model) for one (policy, seed)."""
-    from components.curation.storage import write_subset
-    from components.decoding.engine import DecodingEngine
 
     pool = make_store(args.out / f"pool-seed{seed}-{args.pool}", args.pool, POOL_SEED + 100_000 * seed)
     eval_store = make_store(args.out / f"eval-{args.eval_pages}", args.eval_pages, EVAL_SEED)
@@ -153,10 +147,10 @@ def summary_table(curves: dict[str, dict[int, list[float]]], budget: int) -> str
 
 
 def plot(curves: dict[str, dict[int, list[float]]], budget: int, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # deferred: plotting only, with the Agg backend chosen first
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: plotting only, with the Agg backend chosen first
 
     figure, axis = plt.subplots(figsize=(6, 4))
     for policy, by_seed in curves.items():
@@ -172,8 +166,6 @@ def plot(curves: dict[str, dict[int, list[float]]], budget: int, path: Path) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget", type=int, default=32)
@@ -216,10 +208,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def log_curve(policy: str, seed: int, curve: list[float], args) -> None:
-    import mlflow
-
-    from components.registry.mlflow_registry import configure
-
     configure(experiment="annotation-loop")
     with mlflow.start_run(run_name=f"{policy}-seed{seed}"):
         mlflow.log_params({"policy": policy, "seed": seed, "budget": args.budget, "steps": args.steps, "lr": args.lr,

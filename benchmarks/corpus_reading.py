@@ -25,8 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from rapidfuzz.distance import Levenshtein
 
-from models.ocr_encoder import LINE_HEIGHT, greedy_ctc
+from components.data.page_store import PageDataset
+from models.ocr_encoder import LINE_HEIGHT, greedy_ctc, load_ppocr_recognizer, ppocr_charset
 
 MARGIN = 4  # pixels around a line's character boxes (144 dpi)
 CATEGORIES = ("text", "title", "code")
@@ -54,10 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-elements", type=int, default=400)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/corpus_reading.json"))
     args = parser.parse_args(argv)
-    from rapidfuzz.distance import Levenshtein
-
-    from components.data.page_store import PageDataset
-    from models.ocr_encoder import load_ppocr_recognizer, ppocr_charset
 
     torch.set_num_threads(2)
     recognizer, charset = load_ppocr_recognizer(), ppocr_charset()

@@ -39,6 +39,19 @@ import statistics
 import sys
 from pathlib import Path
 
+import mlflow
+
+from components.data.page_store import PageDataset
+from components.data.synthetic import SyntheticConfig, generate_dataset
+from components.decoding.engine import DecodingEngine
+from components.decoding.types import DecodeParams
+from components.evaluation.evaluate import evaluate_decoders
+from components.registry.mlflow_registry import default_tracking_uri
+from components.training.config import load_train_config
+from components.training.data import collate, load_examples
+from components.training.probe import dtpo_gradient_probe
+from components.training.trainer import MODEL_DIR, TRAINING_META, run_training
+
 ROOT = Path(__file__).resolve().parents[1]
 BASE_MODEL = ROOT / "models" / "pretrained" / "docmarkup-base"
 TRAIN_SEED = 40_000_000  # synthetic pages outside the base model's recorded seeds
@@ -69,9 +82,6 @@ COLUMNS = ("sdb_forwards_per_page", "tpf", "forward_reduction", "same_as_ar", "o
 
 
 def make_pages(out: Path, n_train: int, n_eval: int):
-    from components.data.page_store import PageDataset
-    from components.data.synthetic import SyntheticConfig, generate_dataset
-
     stores = []
     for name, n, seed in (("train", n_train, TRAIN_SEED), ("eval", n_eval, EVAL_SEED)):
         store = PageDataset(out / f"pages-{name}-{n}")
@@ -82,8 +92,6 @@ def make_pages(out: Path, n_train: int, n_eval: int):
 
 
 def row_config(row: str, seed: int, args, train_pages: Path):
-    from components.training.config import load_train_config
-
     return load_train_config(ROOT / "configs/train/darl.yaml", {
         "name": f"darl-ablation-{row}-seed{seed}", "seed": seed, "output_dir": str(args.out / "runs" / f"{row}-seed{seed}"),
         "model.init_from": str(args.base), "data.dataset": str(train_pages), "data.max_tokens": args.max_tokens,
@@ -95,7 +103,6 @@ def row_config(row: str, seed: int, args, train_pages: Path):
 
 def train_row(config) -> tuple[Path, list[dict], str | None]:
     """Train one (row, seed), or reuse it when an earlier invocation finished it with this config."""
-    from components.training.trainer import MODEL_DIR, TRAINING_META, run_training
 
     output = config.path(config.output_dir)
     meta_file = output / MODEL_DIR / TRAINING_META
@@ -108,8 +115,6 @@ def train_row(config) -> tuple[Path, list[dict], str | None]:
 
 def probe_row(engine, config, train_pages: Path, n_pages: int = 8) -> dict[str, float]:
     """DTPO's gradient against DAR's and the DARL signals on a fixed batch of training pages."""
-    from components.training.data import collate, load_examples
-    from components.training.probe import dtpo_gradient_probe
 
     if "darl" not in config.active_objectives:
         return {}
@@ -122,9 +127,6 @@ def probe_row(engine, config, train_pages: Path, n_pages: int = 8) -> dict[str, 
 
 
 def evaluate_row(engine, window: int, eval_store, max_new_tokens: int) -> dict[str, float]:
-    from components.decoding.types import DecodeParams
-    from components.evaluation.evaluate import evaluate_decoders
-
     report = evaluate_decoders(engine, eval_store, [DecodeParams(decoder="ar", max_new_tokens=max_new_tokens),
                                                     DecodeParams(decoder="sdb", window=window, max_new_tokens=max_new_tokens)])
     ar, sdb = report.decoders["ar"], report.decoders["sdb"]
@@ -150,9 +152,6 @@ def training_signals(history: list[dict]) -> dict[str, float]:
 def log_to_mlflow(run_id: str | None, values: dict[str, float]) -> None:
     if run_id is None:
         return
-    import mlflow
-
-    from components.registry.mlflow_registry import default_tracking_uri
 
     client = mlflow.MlflowClient(tracking_uri=default_tracking_uri())
     for key, value in values.items():
@@ -199,7 +198,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
-    from components.decoding.engine import DecodingEngine
 
     train_store, eval_store = make_pages(args.out, args.train_pages, args.eval_pages)
     results: dict[str, list[dict]] = {}

@@ -29,6 +29,8 @@ from pathlib import Path
 
 from PIL import Image
 
+from components.curation.mining import hard_example_ids
+from components.curation.splits import make_splits
 from components.data.page_store import HARD, PageDataset
 from components.data.pages import LayoutElement, Page, atomic_write_text
 
@@ -128,8 +130,6 @@ def operate(kind: str, root: Path, size: int) -> dict:
 def curate(root: Path) -> dict:
     """Curation steps over the whole store: the train/val/test split (written as three stores) and
     the hard-example scan, as the curate and train flows run them."""
-    from components.curation.mining import hard_example_ids
-    from components.curation.splits import make_splits
 
     store = PageDataset(root)
     started = time.perf_counter()

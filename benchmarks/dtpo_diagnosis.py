@@ -28,6 +28,15 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.darl_ablation import TRAIN_SEED
+from components.data.page_store import PageDataset
+from components.data.synthetic import SyntheticConfig, generate_dataset
+from components.training.config import load_train_config
+from components.training.darl import net_slot_weight
+from components.training.data import collate, load_examples
+from components.training.mix import ObjectiveMix
+from models.loading import load_markup_model
+
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {
     "older defaults": {"darl.policy_context": "candidate", "darl.ar_slot": "score", "darl.lookahead_slots": "init",
@@ -45,9 +54,6 @@ def _shared_slots(record: dict) -> torch.Tensor:
 
 
 def diagnose(model, config, batch, draws: int) -> dict:
-    from components.training.darl import net_slot_weight
-    from components.training.mix import ObjectiveMix
-
     mix = ObjectiveMix(model, config)
     gaps, per_slot = [], {}
     shared_weights = []
@@ -83,12 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=ROOT / "var" / "bench" / "dtpo_diagnosis")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "dtpo_diagnosis.json")
     args = parser.parse_args(argv)
-    from benchmarks.darl_ablation import TRAIN_SEED
-    from components.data.page_store import PageDataset
-    from components.data.synthetic import SyntheticConfig, generate_dataset
-    from components.training.config import load_train_config
-    from components.training.data import collate, load_examples
-    from models.loading import load_markup_model
 
     torch.manual_seed(0)
     store = PageDataset(args.work / f"pages-{args.pages}")

@@ -19,6 +19,13 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
+from components.data.page_store import PageDataset
+from components.decoding.engine import DecodingEngine
+from components.decoding.types import DecodeParams
+from components.evaluation.element_reading import read_store, summarize_readings
+
 MODES = {"crop": False, "true_lines": True}
 
 
@@ -31,12 +38,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decoder", default="ar")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/element_reading.json"))
     args = parser.parse_args(argv)
-    import torch
-
-    from components.data.page_store import PageDataset
-    from components.decoding.engine import DecodingEngine
-    from components.decoding.types import DecodeParams
-    from components.evaluation.element_reading import read_store, summarize_readings
 
     store = PageDataset(args.corpus / args.split)
     if not store.exists():

@@ -27,6 +27,7 @@ under ``--out`` (default ``$OUT``, else ``var/bench/gpu_check``).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -37,6 +38,15 @@ from pathlib import Path
 
 import torch
 
+from components.data.page_store import PageDataset
+from components.data.synthetic import generate_page
+from components.decoding.engine import DecodingEngine
+from components.decoding.types import DecodeParams
+from components.evaluation.element_reading import store_elements
+from deploy.triton.client import DocMarkupClient, encode_image
+from deploy.triton.server import TritonPorts, start_triton
+from models.loading import model_family
+
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = [ROOT / "models" / "pretrained" / "docmarkup-base", ROOT / "models" / "pretrained" / "docmarkup-reader"]
 READER_CROPS = ROOT / "tests" / "fixtures" / "corpus_pages"  # real pages whose element crops the reader reads
@@ -45,15 +55,11 @@ PAGE_SEED = 94_000_000
 
 
 def _pages(count: int):
-    from components.data.synthetic import generate_page
-
     return [generate_page(PAGE_SEED + i)[1] for i in range(count)]
 
 
 def _element_crops(count: int):
     """The first ``count`` text-like element crops of the shipped real pages (the reader's input)."""
-    from components.data.page_store import PageDataset
-    from components.evaluation.element_reading import store_elements
 
     return [crop for *_, crop in store_elements(PageDataset(READER_CROPS), ("text", "title", "code"), count)]
 
@@ -73,9 +79,6 @@ def _timed_one_by_one(engine, images: list, params, device: str) -> tuple[list, 
 
 def shipped_part(device: str, pages: int, max_new_tokens: int, out: Path) -> dict:
     """Each shipped model on ``device``: exactness (SDB = AR, batch 8 = batch 1) and decoder speed."""
-    from components.decoding.engine import DecodingEngine
-    from components.decoding.types import DecodeParams
-    from models.loading import model_family
 
     report = {}
     for folder in SHIPPED:
@@ -109,8 +112,6 @@ def _switch_rows(folder: Path, device: str, images: list, max_new_tokens: int, r
     """The engine's GPU switches on the same images, batch 1: CUDA graphs and torch.compile on CUDA
     (the fixed-shape step alone on the CPU, where graphs do not exist): AR token for token against
     the default step, and tokens/s."""
-    from components.decoding.engine import DecodingEngine
-    from components.decoding.types import DecodeParams
 
     switches = ({"cuda_graphs": {"cuda_graphs": True}, "compiled": {"compile_step": True}}
                 if device.startswith("cuda") else {"fixed_shapes": {"fixed_shapes": True}})
@@ -132,10 +133,6 @@ def _switch_rows(folder: Path, device: str, images: list, max_new_tokens: int, r
 
 def triton_part(device: str, pages: int, max_new_tokens: int, out: Path) -> dict:
     """Triton serving the shipped base on ``device``: unary and streamed latency against the bare engine."""
-    from components.decoding.engine import DecodingEngine
-    from components.decoding.types import DecodeParams
-    from deploy.triton.client import DocMarkupClient, encode_image
-    from deploy.triton.server import TritonPorts, start_triton
 
     images = _pages(pages)
     encoded = [encode_image(image) for image in images]
@@ -172,8 +169,6 @@ def triton_part(device: str, pages: int, max_new_tokens: int, out: Path) -> dict
 
 
 def _module_part(module: str, argv: list[str], report_name: str, out: Path) -> dict:
-    import importlib
-
     importlib.import_module(module).main([*argv, "--out", str(out)])
     return json.loads((out / report_name).read_text())
 

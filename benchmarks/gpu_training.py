@@ -27,6 +27,12 @@ from pathlib import Path
 
 import torch
 
+from components.data.synthetic import generate_dataset, generate_page
+from components.training.config import load_train_config
+from components.training.trainer import run_training
+from models.hf_adapter import save_tiny_hf_vlm
+from models.loading import load_markup_model
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Qwen2.5-0.5B's decoder shape; head_dim 64, so the M-RoPE sections (t, h, w) sum to 32.
@@ -44,9 +50,6 @@ SIZES = {"1b": (TEXT_1B, VISION_1B), "0.5b": (TEXT_05B, VISION_05B), "tiny": ({}
 
 
 def build_model(folder: Path, size: str) -> Path:
-    from components.data.synthetic import generate_page
-    from models.hf_adapter import save_tiny_hf_vlm
-
     text, vision = SIZES[size]
     texts = [generate_page(seed)[0].markup for seed in range(200)]
     return save_tiny_hf_vlm(folder, texts, model_type="qwen2_5_vl", vocab_size=2048, max_pixels=28 * 28 * 256,
@@ -63,10 +66,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deepspeed", default="configs/deepspeed/zero2_bf16_gpu.json")
     parser.add_argument("--out", type=Path, default=ROOT / "var" / "bench" / "gpu_training")
     args = parser.parse_args(argv)
-
-    from components.data.synthetic import generate_dataset
-    from components.training.config import load_train_config
-    from components.training.trainer import run_training
 
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
@@ -88,7 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     steps = [record["step_seconds"] for record in result.history]
     timed = steps[5:] if len(steps) > 10 else steps
     quantiles = statistics.quantiles(timed, n=10) if len(timed) > 1 else [timed[0]] * 9
-    from models.loading import load_markup_model
 
     model, _ = load_markup_model(result.model_dir)
     report = {

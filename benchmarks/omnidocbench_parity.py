@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,7 +34,12 @@ from pathlib import Path
 
 from components.data.synthetic import SyntheticConfig, generate_page
 from components.metrics.matching import Element
-from components.metrics.page import aggregate_scores, overall_score, score_page_elements
+from components.metrics.page import (
+    aggregate_scores,
+    gt_elements_from_page,
+    overall_score,
+    score_page_elements,
+)
 from components.services.process import VAR_DIR
 
 TOLERANCE = 0.005
@@ -117,7 +123,6 @@ def build_page(seed: int, rng: random.Random) -> tuple[list[dict], list[dict]]:
 def _pred_table(html: str, rng: random.Random) -> str:
     roll = rng.random()
     if roll < 0.2:  # Markdown pipe table
-        import re
 
         rows = re.findall(r"<tr>(.*?)</tr>", html, re.S)
         cells = [re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, re.S) for row in rows]
@@ -206,8 +211,6 @@ def write_dataset(root: Path, n_pages: int, seed: int, pred_dir: Path | None) ->
 # --- both sides -----------------------------------------------------------------------------------
 
 def ours(gt_pages: list[dict], pred_dir: Path) -> tuple[dict[str, dict], dict]:
-    from components.metrics.page import gt_elements_from_page
-
     per_page, scored = {}, []
     for page in gt_pages:
         name = Path(page["page_info"]["image_path"]).stem

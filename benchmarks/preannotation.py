@@ -35,18 +35,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import html
 import json
 import statistics
+import subprocess
 import sys
 import time
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
+import pypdfium2 as pdfium
+from lxml import html as lxml_html
 from PIL import Image
 
+from components.curation.preannotate import PageAnnotationError, PreAnnotation, make_preannotator
 from components.data.debian_docs import PackageFetchError, package_file
 from components.data.markup import parse_markup
+from components.data.pages import Page
 from components.data.text_layer import PageTruth, TextLine
 from components.data.text_layer import page_truth as layer_truth
 from components.evaluation.confidence import least_confident_share, rank_correlation
@@ -132,7 +138,6 @@ def normalized(text: str) -> str:
 
 def markup_body_text(markup: str) -> str:
     """Reading text of a markup: titles, paragraphs, code, table cells, formulas as Unicode."""
-    from lxml import html as lxml_html
 
     parts = []
     for block in parse_markup(markup):
@@ -161,15 +166,11 @@ def _covered(line: tuple, boxes: list[tuple]) -> bool:
 
 
 def table_rows(table_html: str) -> list[list[str]]:
-    from lxml import html as lxml_html
-
     root = lxml_html.fromstring(table_html)
     return [[" ".join("".join(cell.itertext()).split()) for cell in row.xpath("./td|./th")] for row in root.iter("tr")]
 
 
 def rows_to_html(rows: list[list[str]]) -> str:
-    import html
-
     return "<table>" + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
                                for row in rows) + "</table>"
 
@@ -264,7 +265,6 @@ READER_DIR = "models/pretrained/docmarkup-reader"
 def make_backends(names: list[str], model_dir: str | None, paddle_dir: str | None,
                   reader_dir: str | None = None) -> dict:
     """The named backends that can run here (a backend whose weights are absent is skipped, said why)."""
-    from components.curation.preannotate import make_preannotator
 
     configs = {
         "auto": {"backend": "auto"},
@@ -298,7 +298,6 @@ def make_backends(names: list[str], model_dir: str | None, paddle_dir: str | Non
 
 def page_record(bench: BenchPage, pdf_path: Path, image: Image.Image):
     """The page as ``ingest.pdf_dir`` stores it: its PDF, page number and rendering dpi."""
-    from components.data.pages import Page
 
     return Page(bench.name, "", image.width, image.height, source=f"pdf:{pdf_path.name}#{bench.index + 1}",
                 meta={"pdf_path": str(pdf_path), "page_number": bench.index + 1, "render_dpi": DPI})
@@ -307,7 +306,6 @@ def page_record(bench: BenchPage, pdf_path: Path, image: Image.Image):
 def annotate(name: str, annotator, bench: BenchPage, image: Image.Image, record):
     """One backend on one page: backends that read a PDF's text layer get the page record. A page
     the backend refuses (``pdf-text`` without a usable layer) scores as an empty page, reason kept."""
-    from components.curation.preannotate import PageAnnotationError, PreAnnotation
 
     try:
         if name != "auto_scan" and hasattr(annotator, "annotate_page"):
@@ -323,7 +321,6 @@ def render_page(pdf, index: int) -> Image.Image:
 
 def folder_pages(folder: Path) -> list[BenchPage]:
     """Every page of every PDF in ``folder`` (named ``<file stem>-<page>``; no table or code truth)."""
-    import pypdfium2 as pdfium
 
     pages = []
     for path in sorted(folder.glob("*.pdf")):
@@ -338,7 +335,6 @@ def pdftotext_truth(pdf_path: Path, index: int, layer: PageTruth) -> PageTruth:
     """Poppler's reading of the page (``pdftotext``, reading order) as the body, an extractor
     independent of pdfium's; lines that are the text layer's furniture are taken out, so that the
     body compares with the body. Furniture stays pdfium's."""
-    import subprocess
 
     text = subprocess.run(["pdftotext", "-f", str(index + 1), "-l", str(index + 1), str(pdf_path), "-"],
                           capture_output=True, text=True, check=True).stdout
@@ -351,7 +347,6 @@ def load_bench_pages(cache: Path, selected: list[BenchPage],
                      truth: str = "pdfium") -> list[tuple[BenchPage, Image.Image, PageTruth, Path]]:
     """Rendered images, ground truth and PDF of ``selected`` (images cached as PNG). ``truth``:
     ``pdfium`` (the text layer as our code reads it) or ``pdftotext`` (poppler's, independent)."""
-    import pypdfium2 as pdfium
 
     pdfs = fetch_documents(cache, {p.document for p in selected} & DOCUMENTS.keys())
     pdfs |= {p.document: Path(p.document) for p in selected if p.document not in DOCUMENTS}  # --pdf-dir files
@@ -427,7 +422,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {len(pages)} fixture(s) to {args.write_fixtures}")
         return 0
     backends = make_backends(args.backends.split(","), args.model, args.paddle_model, args.reader_model)
-    from components.curation.preannotate import PageAnnotationError
 
     for annotator in backends.values():  # load weights outside the timed pages
         with contextlib.suppress(PageAnnotationError):  # pdf-text refuses a bare image

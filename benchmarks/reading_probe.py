@@ -30,10 +30,10 @@ import torch
 from torch import nn
 
 from components.data.synthetic import RenderedPage, SyntheticConfig, render_page
-from components.tokenizer import load_tokenizer
 from components.training.data import encode_markup
 from models.interface import PagePrefix
 from models.loading import new_tiny_model
+from models.tokenizer import load_tokenizer
 
 BASE_DIR = Path(__file__).resolve().parents[1] / "models" / "pretrained" / "docmarkup-base"
 TRAIN_SEED, VAL_SEED = 96_000_000, 95_000_000  # outside every other seed range (components.data.seeds)

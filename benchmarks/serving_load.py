@@ -42,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.decoding import benchmark_pages
 from components.services.process import VAR_DIR
 from deploy.triton.client import (
     DocMarkupClient,
@@ -50,6 +51,8 @@ from deploy.triton.client import (
     TritonUnavailableError,
     encode_image,
 )
+from deploy.triton.server import TritonPorts, start_triton
+from recipes.pretrain import DEFAULT_OUT
 
 
 @dataclass
@@ -184,10 +187,10 @@ def streamed_first_commit(client, pages, references, streams: int, max_new_token
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # deferred: plotting only, with the Agg backend chosen first
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: plotting only, with the Agg backend chosen first
 
     figure, axis = plt.subplots(figsize=(6, 4))
     for name, result in results.items():
@@ -264,9 +267,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.pages, args.repeats, args.clients, args.duration, args.per_client = 16, 1, "1,16", 8.0, 3
         args.rates = "1,3"
-    from benchmarks.decoding import benchmark_pages
-    from components.training.pretrain import DEFAULT_OUT
-    from deploy.triton.server import TritonPorts, start_triton
 
     model = Path(args.model) if args.model else DEFAULT_OUT
     dataset = benchmark_pages(args.pages)

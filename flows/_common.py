@@ -11,8 +11,13 @@ from collections.abc import Callable
 from typing import Any
 
 from prefect.cache_policies import NONE
+from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.task_runners import ThreadPoolTaskRunner
 
-from components.pipeline import PipelineConfig, load_pipeline_config
+from components.pipeline import PipelineConfig, PipelineConfigError, load_pipeline_config
+from components.services.tracking import ensure_prefect_server
+from components.training.config import TrainConfigError
+from lifecycle.stages import validate_stages
 
 DEFAULT_CONFIG = "configs/pipeline/default.yaml"
 DEMO_CONFIG = "configs/pipeline/demo.yaml"
@@ -29,7 +34,6 @@ def resolve(config: str | PipelineConfig, overrides: dict[str, Any] | None = Non
     if isinstance(config, PipelineConfig):
         return config
     cfg = load_pipeline_config(config, overrides)
-    from components.training.stages import validate_stages
 
     validate_stages(cfg)
     return cfg
@@ -37,8 +41,6 @@ def resolve(config: str | PipelineConfig, overrides: dict[str, Any] | None = Non
 
 def config_errors() -> tuple[type[Exception], ...]:
     """Exceptions that mean "fix the config", reported as one line by the flows' command lines."""
-    from components.pipeline import PipelineConfigError
-    from components.training.config import TrainConfigError
 
     return PipelineConfigError, TrainConfigError
 
@@ -46,13 +48,13 @@ def config_errors() -> tuple[type[Exception], ...]:
 def task_runner_for(cfg: PipelineConfig):
     """Threads in the flow process by default; a Dask cluster (local or remote) to scale out."""
     if cfg.execution.task_runner == "dask":
+        # deferred: optional: the Dask task runner only when configured
         from prefect_dask import DaskTaskRunner
 
         if cfg.execution.dask_address:
             return DaskTaskRunner(address=cfg.execution.dask_address)
         return DaskTaskRunner(cluster_kwargs={"n_workers": cfg.execution.workers, "threads_per_worker": 1,
                                               "processes": True, "dashboard_address": None})
-    from prefect.task_runners import ThreadPoolTaskRunner
 
     return ThreadPoolTaskRunner(max_workers=cfg.execution.workers)
 
@@ -62,12 +64,10 @@ def project_prefect_server(port: int | None = None):
     """Run the flows against ``PREFECT_API_URL`` if set, else the project's Prefect server on ``port``
     (``execution.prefect_port``; started if needed): every run shows in its UI, and a killed flow
     leaves no temporary server behind."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     if os.environ.get("PREFECT_API_URL"):
         yield os.environ["PREFECT_API_URL"]
         return
-    from components.services.tracking import ensure_prefect_server
 
     url = ensure_prefect_server(port) if port else ensure_prefect_server()
     with temporary_settings(updates={PREFECT_API_URL: url}):

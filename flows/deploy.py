@@ -6,8 +6,8 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 
-from deploy.workflow import ensure_serving, smoke_test
 from flows._common import DEFAULT_CONFIG, SERVICE_TASK, resolve, run_flow_cli
+from lifecycle.deployment import ensure_serving, smoke_test
 
 serve = task(ensure_serving, name="triton-serve-champion", **SERVICE_TASK)
 smoke = task(smoke_test, name="triton-smoke-test", **SERVICE_TASK)

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import argparse
 
+from prefect import serve
+from prefect.schedules import Cron
+
 from flows._common import DEFAULT_CONFIG
 from flows.retrain import retrain
 
@@ -22,7 +25,6 @@ DEPLOYMENT_NAME = "scheduled-retrain"
 
 def retrain_deployment(cron: str = DEFAULT_CRON, config: str = DEFAULT_CONFIG, timezone: str = "UTC"):
     """The deployment object (not yet applied or served), so it can be inspected and tested."""
-    from prefect.schedules import Cron
 
     return retrain.to_deployment(
         name=DEPLOYMENT_NAME,
@@ -42,8 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     deployment = retrain_deployment(args.cron, args.config, args.timezone)
     if args.serve:
-        from prefect import serve
-
         print(f"serving '{DEPLOYMENT_NAME}' on cron '{args.cron}' ({args.timezone}); scheduled runs execute only "
               "while this process runs — stop it and they will show as Late.")
         serve(deployment)

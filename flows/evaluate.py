@@ -7,9 +7,9 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task, unmapped
 
-from components.curation.workflow import current_data_version
-from components.evaluation.workflow import evaluate_and_register, evaluate_shard, evaluation_units
 from flows._common import DEFAULT_CONFIG, TASK_DEFAULTS, resolve, run_flow_cli
+from lifecycle.curation import current_data_version
+from lifecycle.evaluation import evaluate_and_register, evaluate_shard, evaluation_units
 
 shard_task = task(evaluate_shard, name="evaluate-shard", **TASK_DEFAULTS)
 evaluate_task = task(evaluate_and_register, name="evaluate-register-gate", **TASK_DEFAULTS)

@@ -7,8 +7,8 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 
 from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve, run_flow_cli
+from lifecycle.monitoring import check_production_drift, send_low_confidence_to_annotators
 from monitoring.request_log import RequestLog
-from monitoring.workflow import check_production_drift, send_low_confidence_to_annotators
 
 drift = task(check_production_drift, name="drift-check", **TASK_DEFAULTS)
 feedback = task(send_low_confidence_to_annotators, name="feedback-to-label-studio", **SERVICE_TASK)

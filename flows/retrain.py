@@ -13,8 +13,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 
-from components.evaluation.workflow import parse_mode_comparison
-from deploy.workflow import replay_pages
+from components.registry.mlflow_registry import champion, configure, default_tracking_uri
 from flows._common import (
     DEFAULT_CONFIG,
     DEMO_CONFIG,
@@ -31,6 +30,8 @@ from flows.deploy import deploy
 from flows.evaluate import evaluate
 from flows.monitor import monitor
 from flows.train import train
+from lifecycle.deployment import replay_pages
+from lifecycle.evaluation import parse_mode_comparison
 
 replay = task(replay_pages, name="replay-traffic", **SERVICE_TASK)
 compare_modes = task(parse_mode_comparison, name="compare-parse-modes", **TASK_DEFAULTS)
@@ -61,15 +62,12 @@ def retrain(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = Non
 
 
 def _has_champion(cfg) -> bool:
-    from components.registry.mlflow_registry import champion, configure
-
     configure(experiment=f"{cfg.name}-evaluation")
     return champion(cfg.evaluation.model_name) is not None
 
 
 def where_things_are(summary: dict) -> str:
     """The closing message: where each result lives and how to look at it."""
-    from components.registry.mlflow_registry import default_tracking_uri
 
     evaluation = summary["evaluate"]
     lines = [

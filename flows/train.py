@@ -7,11 +7,11 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task, unmapped
 
-from components.curation import workflow as curation
 from components.data.page_store import PageDataset
-from components.evaluation.stage_check import check_stage
-from components.training.stages import run_stage, starting_checkpoint
 from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve, run_flow_cli
+from lifecycle import curation
+from lifecycle.stage_check import check_stage
+from lifecycle.stages import run_stage, starting_checkpoint
 
 stage_task = task(run_stage, name="train-stage", **TASK_DEFAULTS)
 mine_shard = task(curation.mine_shard, name="mine-shard", **TASK_DEFAULTS)

@@ -164,6 +164,7 @@ def best_attention_implementation(preferred: str = "sdpa") -> str:
     """flash_attention_2 only where it is installed and a GPU runs; SDPA everywhere else."""
     if preferred == "flash_attention_2":
         try:
+            # deferred: optional GPU extra, probed only when asked for
             import flash_attn  # noqa: F401
         except ImportError:
             return "sdpa"

@@ -56,6 +56,7 @@ from pathlib import Path
 
 import torch
 from PIL import Image
+from tokenizers import pre_tokenizers, trainers
 from torch import nn
 from transformers import (
     AutoImageProcessor,
@@ -64,11 +65,18 @@ from transformers import (
     AutoTokenizer,
     BatchFeature,
     DynamicCache,
+    PaddleOCRVLConfig,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2_5_VLConfig,
+    Qwen2VLConfig,
+    Qwen3VLConfig,
 )
+from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import PaddleOCRVLImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from components.tokenizer import INIT, MASK, all_special_ids
 from models.docvlm import best_attention_implementation
+from models.tokenizer import INIT, MASK, all_special_ids, build_untrained_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -520,20 +528,6 @@ def save_tiny_hf_vlm(
     change the sub-configs (a larger random model for GPU measurements; ``vocab_size`` there pads the
     embedding past the tokenizer, as real Qwen checkpoints do).
     """
-    from tokenizers import pre_tokenizers, trainers
-    from transformers import (
-        PaddleOCRVLConfig,
-        PreTrainedTokenizerFast,
-        Qwen2_5_VLConfig,
-        Qwen2VLConfig,
-        Qwen3VLConfig,
-    )
-    from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import (
-        PaddleOCRVLImageProcessorPil,
-    )
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    from components.tokenizer import build_untrained_tokenizer
 
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type must be one of {SUPPORTED_MODEL_TYPES}")

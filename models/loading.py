@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from components.tokenizer import SPECIAL_TOKENS, load_tokenizer, special_token_ids
 from models.docvlm import DocVLMConfig, DocVLMForConditionalGeneration, base_config, tiny_config
 from models.hf_adapter import SUPPORTED_MODEL_TYPES, HFMarkupModel
 from models.interface import MarkupLM, TrainableMarkupLM
 from models.reader import MODEL_TYPE as READER_MODEL_TYPE
 from models.reader import ReaderForConditionalGeneration
+from models.tokenizer import SPECIAL_TOKENS, load_tokenizer, special_token_ids
 
 SUPPORTED_FAMILIES = ("docvlm", READER_MODEL_TYPE, *SUPPORTED_MODEL_TYPES)
 

@@ -26,7 +26,7 @@ COLUMN_STRIDE = 8  # input pixels per output column
 
 def ppocr_recognizer_path() -> Path:
     """The ONNX file inside the installed rapidocr wheel."""
-    import rapidocr
+    import rapidocr  # deferred: its ONNX sessions load in seconds, only on this path
 
     path = Path(rapidocr.__file__).parent / "models" / "PP-OCRv6_rec_small.onnx"
     if not path.is_file():
@@ -53,7 +53,7 @@ def _torchvision_stub():
 
 def _explicit_pads(graph) -> int:
     """Rewrite every ``SAME_UPPER`` auto-pad (stride 1) as explicit pads; returns how many."""
-    import onnx
+    import onnx  # deferred: only converting the ONNX recogniser needs it
 
     rewritten = 0
     for node in graph.node:
@@ -73,10 +73,10 @@ def _explicit_pads(graph) -> int:
 def load_ppocr_recognizer(path: str | Path | None = None) -> torch.nn.Module:
     """The recogniser as an ``nn.Module`` (eval mode): images (B, 3, 48, W) scaled to [-1, 1] in,
     CTC probabilities (B, W / 8, 18710) out, index 0 the blank."""
-    import onnx
+    import onnx  # deferred: only converting the ONNX recogniser needs it
 
     with _torchvision_stub():
-        from onnx2torch import convert
+        from onnx2torch import convert  # deferred: only converting the ONNX recogniser needs it
 
     model = onnx.load(str(path or ppocr_recognizer_path()))
     _explicit_pads(model.graph)
@@ -91,7 +91,7 @@ class OnnxRecognizer:
     faster than the converted module, for a tower that is frozen anyway (nothing to backpropagate)."""
 
     def __init__(self, path: str | Path | None = None, threads: int | None = None):
-        import onnx
+        import onnx  # deferred: only converting the ONNX recogniser needs it
         import onnxruntime
 
         model = onnx.load(str(path or ppocr_recognizer_path()))
@@ -114,7 +114,7 @@ class OnnxRecognizer:
 def ppocr_charset(path: str | Path | None = None) -> list[str]:
     """The recogniser's characters in output order after the blank (index i + 1 is ``charset[i]``);
     the last output is a space."""
-    import onnx
+    import onnx  # deferred: only converting the ONNX recogniser needs it
 
     model = onnx.load(str(path or ppocr_recognizer_path()), load_external_data=False)
     characters = next(p.value for p in model.metadata_props if p.key == "character")

@@ -64,9 +64,11 @@ from models.ocr_encoder import (
     LINE_HEIGHT,
     OnnxRecognizer,
     load_ppocr_recognizer,
+    ppocr_charset,
     ppocr_recognizer_path,
 )
 from models.qwen2_decoder import Qwen2DecoderMixin
+from models.tokenizer import special_token_ids, train_markup_tokenizer
 
 MODEL_TYPE = "docmarkup_reader"
 INK_THRESHOLD = 170  # a pixel darker than this is ink
@@ -651,15 +653,12 @@ def class_byte_table(tokenizer, charset: list[str], max_bytes: int = MAX_BYTES) 
 
 def byte_tokenizer():
     """A byte-level tokenizer with our special tokens and no merges: one token per UTF-8 byte."""
-    from components.tokenizer import train_markup_tokenizer
 
     return train_markup_tokenizer(["# title\n\n```\ncode\n```"], vocab_size=256 + 6, min_frequency=10**9)
 
 
 def new_reader_model(seed: int = 0, **overrides) -> tuple[ReaderForConditionalGeneration, object]:
     """A freshly initialised reader (decoder random, tower pretrained) and its byte tokenizer."""
-    from components.tokenizer import special_token_ids
-    from models.ocr_encoder import ppocr_charset
 
     tokenizer = byte_tokenizer()
     torch.manual_seed(seed)

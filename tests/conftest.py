@@ -22,7 +22,7 @@ def label_studio():
 def tokenizer():
     """A markup tokenizer trained on 300 synthetic pages (about a second)."""
     from components.data.synthetic import generate_page
-    from components.tokenizer import train_markup_tokenizer
+    from models.tokenizer import train_markup_tokenizer
 
     return train_markup_tokenizer([generate_page(seed)[0].markup for seed in range(300)], vocab_size=512)
 

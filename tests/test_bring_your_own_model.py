@@ -44,8 +44,8 @@ def pages(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module", params=SUPPORTED_MODEL_TYPES)
 def family_folder(request, tmp_path_factory, pages) -> tuple[str, Path]:
-    """A tiny random checkpoint folder of each family, as ``python -m models.tiny`` writes it."""
-    from models.tiny import write_tiny
+    """A tiny random checkpoint folder of each family, as ``python -m recipes.tiny_checkpoint`` writes it."""
+    from recipes.tiny_checkpoint import write_tiny
 
     folder = tmp_path_factory.mktemp(request.param) / "model"
     return request.param, write_tiny(request.param, folder, n_texts=40)
@@ -91,7 +91,7 @@ def test_stage2_weighting_applies_to_every_family(family_folder, pages, tmp_path
 @pytest.fixture(scope="module")
 def darl_qwen25(tmp_path_factory, pages) -> Path:
     """A DARL stage (DAR + OMTG + DTPO) on a tiny random Qwen2.5-VL; returns the saved model folder."""
-    from models.tiny import write_tiny
+    from recipes.tiny_checkpoint import write_tiny
 
     root = tmp_path_factory.mktemp("darl-qwen25")
     folder = write_tiny("qwen2_5_vl", root / "base", n_texts=40)
@@ -177,7 +177,7 @@ def test_the_launcher_trains_stage1_from_a_tiny_folder_of_each_family(family_fol
     import sys
 
     _, folder = family_folder
-    command = [sys.executable, "-m", "components.training.launch", "--config", "configs/train/stage1.yaml",
+    command = [sys.executable, "-m", "recipes.launch", "--config", "configs/train/stage1.yaml",
                "--set", f"model.init_from={folder}", "--set", "train.steps=3", "--set", f"data.dataset={pages}",
                "--set", f"output_dir={tmp_path / 'out'}", "--set", "mlflow.enabled=false"]
     # a fresh process, not a rank of this one's process group (in-process runs above set these)

@@ -94,7 +94,7 @@ def test_synthetic_table_and_formula_pages_join_train_and_val(tmp_path):
 def test_the_cli_versions_the_corpus_with_dvc(tmp_path, monkeypatch):
     import subprocess
 
-    from components.data.corpus import main
+    from recipes.build_corpus import main
 
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     monkeypatch.chdir(tmp_path)
@@ -153,9 +153,9 @@ def test_a_sample_store_splits_by_document_and_a_pipeline_ingests_it_once(tmp_pa
 
     from PIL import Image
 
-    from components.curation.workflow import copy_pages
     from components.data.corpus import sample_store
     from components.data.page_store import PageDataset
+    from lifecycle.curation import copy_pages
 
     fixture = Path(__file__).parent / "fixtures" / "corpus_pages"
     assert sample_store(fixture, tmp_path / "sample", pages=6, per_document=1) == 5  # five documents

@@ -11,10 +11,10 @@ from components.curation.labelstudio import PagePrediction
 from components.curation.preannotate import PreAnnotation
 from components.curation.splits import make_splits
 from components.curation.targets import TargetReport, page_with_target
-from components.curation.workflow import choose_for_queue
 from components.data.page_store import PageDataset
 from components.data.pages import LayoutElement, Page
 from components.data.pdf import import_pdfs
+from lifecycle.curation import choose_for_queue
 from tests.test_pdf_loader import synthetic_pages, write_pdf
 
 
@@ -99,7 +99,7 @@ def test_a_handful_of_pdfs_still_gives_every_split_a_document(tmp_path):
 
 def test_every_preannotated_uncorrected_page_is_a_queue_candidate_on_every_run(tmp_path):
     """Raising the threshold later must reach pages pre-annotated by earlier runs."""
-    from components.curation.workflow import preannotated_candidates
+    from lifecycle.curation import preannotated_candidates
 
     write_pdf(tmp_path / "doc.pdf", synthetic_pages(range(3)))
     import_pdfs(tmp_path / "doc.pdf", tmp_path / "pages", dpi=36)
@@ -122,9 +122,9 @@ def test_raising_the_threshold_later_queues_pages_pre_annotated_by_earlier_runs(
     import uuid
 
     from components.curation.labelstudio import connect, queued_page_ids
-    from components.curation.workflow import label_studio as project_of
-    from components.curation.workflow import preannotated_candidates, queue_for_annotation
     from components.pipeline import load_pipeline_config
+    from lifecycle.curation import label_studio as project_of
+    from lifecycle.curation import preannotated_candidates, queue_for_annotation
 
     write_pdf(tmp_path / "doc.pdf", synthetic_pages(range(4)))
     import_pdfs(tmp_path / "doc.pdf", tmp_path / "pages", dpi=36)

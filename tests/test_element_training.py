@@ -62,7 +62,7 @@ def test_elements_without_content_or_pixels_are_dropped_with_a_count(pages, toke
 
 
 def test_a_family_with_task_prompts_gets_its_categorys_prompt_in_training(pages, tokenizer, tmp_path):
-    from models.tiny import write_tiny
+    from recipes.tiny_checkpoint import write_tiny
 
     folder = write_tiny("paddleocr_vl", tmp_path / "paddle", n_texts=40)
     engine = DecodingEngine.from_pretrained(folder)
@@ -76,7 +76,7 @@ def test_a_family_with_task_prompts_gets_its_categorys_prompt_in_training(pages,
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "paddleocr_vl"])
 def test_a_tiny_family_trains_three_steps_on_elements_and_parses_pages_with_its_prompts(family, pages, tmp_path):
-    from models.tiny import write_tiny
+    from recipes.tiny_checkpoint import write_tiny
 
     folder = write_tiny(family, tmp_path / "base", n_texts=40)
     config = load_train_config(ROOT / "configs/train/quick.yaml", {

@@ -13,8 +13,8 @@ from components.data.synthetic import generate_dataset
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
 from components.evaluation.evaluate import evaluate_decoders, merge_reports
-from components.evaluation.workflow import log_report
 from components.registry import mlflow_registry as registry
+from lifecycle.evaluation import log_report
 from models.loading import new_tiny_model, save_markup_model
 
 
@@ -164,7 +164,7 @@ def test_challenger_is_gated_against_the_baseline_scored_on_its_own_pages(report
 
 def test_the_starting_checkpoint_is_what_stage_one_continues():
     from components.pipeline import load_pipeline_config
-    from components.training.stages import starting_checkpoint
+    from lifecycle.stages import starting_checkpoint
 
     cfg = load_pipeline_config("configs/pipeline/demo.yaml")
     assert starting_checkpoint(cfg).resolve() == (Path("models/pretrained/docmarkup-base")).resolve()

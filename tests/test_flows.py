@@ -52,7 +52,7 @@ def test_pipeline_config_rejects_unknown_keys_and_stages(tmp_path):
 
 
 def test_the_pipeline_names_the_base_model_stage1_continues(tmp_path):
-    from components.training.stages import stage_overrides
+    from lifecycle.stages import stage_overrides
 
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump({"name": "byo", "training": {"base_model": "var/models/my-qwen25", "stages": {
@@ -65,7 +65,7 @@ def test_the_pipeline_names_the_base_model_stage1_continues(tmp_path):
 
 
 def test_multi_node_launch_commands(tmp_path):
-    from components.training.stages import launch_command
+    from lifecycle.stages import launch_command
 
     def command(**training):
         path = tmp_path / "pipeline.yaml"
@@ -108,7 +108,7 @@ def test_a_typo_in_a_later_stage_fails_before_any_work_in_one_line(tmp_path):
 
 def test_deploy_section_sets_how_the_triton_models_serve(tmp_path):
     from deploy.triton.repository import MODEL_NAMES, materialize_repository, read_parameters
-    from deploy.workflow import repository_options
+    from lifecycle.deployment import repository_options
 
     cfg = load_pipeline_config("configs/pipeline/default.yaml",
                                {"deploy.instance_count": 2, "deploy.max_batch_size": 0, "deploy.device": "cuda"})
@@ -158,7 +158,7 @@ def test_retrain_deployment_carries_its_cron_schedule(prefect_api):
 
 
 def test_stage_progress_line_reads_the_metrics_log(tmp_path):
-    from components.training.stages import progress_line
+    from lifecycle.stages import progress_line
 
     metrics = tmp_path / "metrics.jsonl"
     assert progress_line("stage1", metrics, 3.0) == "[train stage1] starting (3s)"
@@ -187,7 +187,7 @@ def test_a_stage_that_ends_below_its_input_is_reported_and_the_chain_keeps_the_i
     """The shipped base against an untrained model on the same validation pages: the untrained
     "stage output" is below, so the chain continues from the base; the other way round it is kept."""
     from components.data.synthetic import generate_dataset
-    from components.evaluation.stage_check import check_stage
+    from lifecycle.stage_check import check_stage
 
     base = Path(__file__).resolve().parents[1] / "models" / "pretrained" / "docmarkup-base"
     cfg = load_pipeline_config(_pipeline_yaml(tmp_path, training={
@@ -207,7 +207,7 @@ def test_stage2_without_hard_pages_trains_on_its_dataset_alone(tmp_path):
     default one (the real demo failed there), and with one it mixes it in."""
     from components.data.synthetic import generate_dataset
     from components.training.config import load_train_config
-    from components.training.stages import stage_overrides
+    from lifecycle.stages import stage_overrides
 
     cfg = load_pipeline_config("configs/pipeline/demo.yaml")
     train = tmp_path / "train"

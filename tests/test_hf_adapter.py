@@ -22,7 +22,6 @@ from transformers.processing_utils import ProcessorMixin
 from components.data.synthetic import generate_page
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
-from components.tokenizer import INIT, MASK
 from models.hf_adapter import (
     QWEN_CHAT_TEMPLATE,
     SUPPORTED_MODEL_TYPES,
@@ -33,6 +32,7 @@ from models.hf_adapter import (
     save_tiny_hf_vlm,
 )
 from models.loading import ModelLoadError, load_markup_model
+from models.tokenizer import INIT, MASK
 
 N_TOKENS = 32
 

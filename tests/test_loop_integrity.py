@@ -192,8 +192,8 @@ def test_unchanged_weights_register_no_version(curation_model_dir, tmp_path, mon
     evaluation still runs and reports, but nothing is registered, promoted or deployed."""
     import mlflow
 
-    from components.evaluation.workflow import evaluate_and_register
     from components.pipeline import load_pipeline_config
+    from lifecycle.evaluation import evaluate_and_register
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     pages = generate_dataset(tmp_path / "test", 2, seed=920, cfg=SyntheticConfig.preset("tiny"))
@@ -288,7 +288,7 @@ def test_services_refuse_a_port_another_process_holds():
 
 def test_prefect_port_is_configurable():
     from components.pipeline import load_pipeline_config
-    from components.services.__main__ import PORTS, main
+    from lifecycle.services import PORTS, main
 
     assert load_pipeline_config("configs/pipeline/demo.yaml", {"execution.prefect_port": 4321}).execution.prefect_port == 4321
     assert main(["status", "prefect", "--port", "4399"]) == 0 and PORTS["prefect"] == 4399

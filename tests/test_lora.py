@@ -32,7 +32,7 @@ def _logits(model, tokenizer) -> torch.Tensor:
 
 @pytest.mark.parametrize("family", ["docvlm", "qwen2_5_vl"])
 def test_the_merged_folder_computes_what_the_adapted_model_computes(family, tmp_path):
-    from models.tiny import write_tiny
+    from recipes.tiny_checkpoint import write_tiny
 
     model, tokenizer = load_markup_model(write_tiny(family, tmp_path / "base", seed=1, n_texts=40))
     before = _logits(model, tokenizer)

@@ -240,8 +240,8 @@ def test_a_hard_element_is_marked_on_its_label_studio_region():
 def test_a_model_consistent_on_every_page_leaves_no_hard_store_and_nothing_to_queue(tmp_path):
     """No page below tau: no hard store is written, and collecting the hard examples says so instead
     of failing (the copy-prior reader is consistent on every page of the real demo)."""
-    from components.curation.workflow import collect_hard_examples
     from components.pipeline import load_pipeline_config
+    from lifecycle.curation import collect_hard_examples
 
     cfg = load_pipeline_config("configs/pipeline/demo.yaml", {"data_dir": str(tmp_path / "data")})
     generate_dataset(cfg.split_dir("train"), 2, seed=5)  # never mined: no page is hard

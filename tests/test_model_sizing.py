@@ -1,4 +1,4 @@
-"""Checkpoints without downloads (models.tiny) and the training launcher's --dry-run memory estimate."""
+"""Checkpoints without downloads (recipes.tiny_checkpoint) and the training launcher's --dry-run memory estimate."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from components.training.memory import estimate
-from models.tiny import main as tiny_main
+from recipes.tiny_checkpoint import main as tiny_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ def test_dry_run_prints_the_estimate_and_trains_nothing(tmp_path):
     tiny_main(["--family", "qwen2_5_vl", "--preset", "3b", "--out", str(tmp_path / "q3b")])
     for stage in (2, 3):
         out = subprocess.run(
-            [sys.executable, "-m", "components.training.launch", "--config", "configs/train/stage1.yaml", "--dry-run",
+            [sys.executable, "-m", "recipes.launch", "--config", "configs/train/stage1.yaml", "--dry-run",
              "--gpus-per-node", "8", "--set", f"model.init_from={tmp_path / 'q3b'}",
              "--set", f"deepspeed=configs/deepspeed/zero{stage}.json", "--set", f"output_dir={tmp_path / 'out'}"],
             cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -181,7 +181,7 @@ def test_model_annotator_confidence_is_mean_token_probability(curation_model_dir
 
 
 def test_paddleocr_vl_through_transformers_runs_on_our_engine_with_its_ocr_prompt(tmp_path, curation_model_dir):
-    from models.tiny import write_tiny
+    from recipes.tiny_checkpoint import write_tiny
 
     folder = write_tiny("paddleocr_vl", tmp_path / "paddleocr-vl", n_texts=20)
     annotator = make_preannotator({"backend": "paddleocr_vl_transformers", "model_dir": str(folder), "max_new_tokens": 8})

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from components.data.page_store import PageDataset
-from components.training.pretrain import main
 from models.loading import load_markup_model
+from recipes.pretrain import main
 
 
 def test_pretrain_resumes_and_writes_a_model_card(tmp_path):

@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from components.training import pretrain, streamed_pretrain
 from components.training.data import Batch
-from components.training.streamed_pretrain import BatchFeed, PageMix, lr_factor, page_seed
 from models.loading import load_markup_model
+from recipes import pretrain, streamed_pretrain
+from recipes.streamed_pretrain import BatchFeed, PageMix, lr_factor, page_seed
 
 
 def _batch(value: int) -> Batch:

@@ -174,7 +174,7 @@ def _launch_args(workspace: Path, out: str, steps: int, *extra: str) -> list[str
     values = {"output_dir": workspace / out, "data.dataset": workspace / "pages", "model.bootstrap": "null",
               "model.init_from": workspace / "init", "train.steps": steps, **RECIPE}
     sets = [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
-    return ["-m", "components.training.launch", "--config", "configs/train/quick.yaml", *sets, *extra]
+    return ["-m", "recipes.launch", "--config", "configs/train/quick.yaml", *sets, *extra]
 
 
 @pytest.mark.slow

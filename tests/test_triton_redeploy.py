@@ -24,7 +24,7 @@ from deploy.triton.client import DocMarkupClient
 from deploy.triton.model_source import expected_model
 from deploy.triton.repository import materialize_repository
 from deploy.triton.server import TritonPorts, start_triton
-from deploy.workflow import served_model
+from lifecycle.deployment import served_model
 from models.loading import save_markup_model
 from tests.test_triton_server import chaotic_model, png, register_folder, throwaway_registry
 

@@ -46,6 +46,7 @@ from typing import Any
 
 import httpx
 from lxml import etree
+from PIL import Image
 
 from components.data.markup import ALL_CATEGORIES, BLOCK_CATEGORIES, MarkupBlock, parse_markup, render_markup
 from components.data.page_store import PageDataset
@@ -193,6 +194,7 @@ def _base_url(client) -> str:
 
 def _call(client, what: str, fn: Callable[[], Any]) -> Any:
     """Run one SDK call, turning transport failures and API refusals into our own errors."""
+    # deferred: only talking to Label Studio needs the SDK
     from label_studio_sdk.core.api_error import ApiError
 
     try:
@@ -207,7 +209,7 @@ def _call(client, what: str, fn: Callable[[], Any]) -> Any:
 
 def connect(url: str, api_key: str, timeout: float = 120.0):
     """A ``LabelStudio`` SDK client, after checking the server answers and accepts the token."""
-    from label_studio_sdk import LabelStudio
+    from label_studio_sdk import LabelStudio  # deferred: only talking to Label Studio needs the SDK
 
     url = url.rstrip("/")
     try:
@@ -332,8 +334,6 @@ def image_data_uri(dataset: PageDataset, page) -> str:
     raw = path.read_bytes()
     scale = display_scale(image.height)
     if scale > 1:
-        from PIL import Image
-
         buffer = io.BytesIO()
         image.convert("RGB").resize((image.width * scale, image.height * scale), Image.Resampling.LANCZOS).save(
             buffer, format="PNG", optimize=True)

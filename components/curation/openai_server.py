@@ -29,6 +29,7 @@ import base64
 import binascii
 import json
 import math
+import sys
 import threading
 import time
 import uuid
@@ -41,6 +42,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from components.data.pages import InvalidPageError, load_image
+from components.decoding.engine import DecodingEngine
 from components.decoding.types import DECODERS, DecodeParams
 from components.parsing import PARSE_MODES, ParseSettings, make_layout, read_pages
 from components.services.process import LOOPBACK, ManagedService, free_port, http_ok
@@ -266,7 +268,6 @@ def create_app(engine, model_name: str) -> FastAPI:
 def openai_server_service(model_dir: str | Path, *, port: int | None = None, model_name: str | None = None,
                           name: str = "openai-markup-server", startup_timeout_s: float = 120.0) -> tuple[ManagedService, str]:
     """A :class:`ManagedService` running this server on 127.0.0.1; returns it and its base URL."""
-    import sys
 
     port = port or free_port()
     url = f"http://{LOOPBACK}:{port}"
@@ -287,9 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
 
-    import uvicorn
-
-    from components.decoding.engine import DecodingEngine
+    import uvicorn  # deferred: only serving needs it
 
     engine = DecodingEngine.from_pretrained(args.model, device=args.device)
     name = args.served_model_name or Path(args.model).resolve().name

@@ -1,9 +1,9 @@
 """A real-document corpus: pages of Debian's PDF manuals with exact text, as page stores per split.
 
-    python -m components.data.corpus build --packages P1,P2,... --out DIR [--max-pages N]
+    python -m recipes.build_corpus build --packages P1,P2,... --out DIR [--max-pages N]
         [--pages-per-document 24] [--dpi 144] [--layout rapid-layout|none] [--cache var/debian]
         [--synthetic-pages N] [--dvc]
-    python -m components.data.corpus sample --from DIR/test --out DIR [--pages 12] [--per-document 2]
+    python -m recipes.build_corpus sample --from DIR/test --out DIR [--pages 12] [--per-document 2]
 
 Each package is fetched with ``apt-get download`` and unpacked (:mod:`components.data.debian_docs`);
 every PDF it ships is a document. Pages are rendered at ``--dpi`` and read from their text layer
@@ -37,24 +37,24 @@ build run again skips the pages already stored, so an interrupted build resumes.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import re
 import statistics
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pypdfium2 as pdfium
 from PIL import Image
 
 from components.data.debian_docs import PackageFetchError, package_pdfs
 from components.data.page_store import PageDataset
 from components.data.pages import LayoutElement, Page
 from components.data.pdf import file_sha256, pdf_document_id, pdf_page_id
+from components.data.synthetic import SyntheticConfig, generate_page
 from components.data.text_layer import TextLine, page_truth, text_layer_lines
 
 DEFAULT_DPI = 144
@@ -194,7 +194,6 @@ def build_corpus(packages: list[str], out: Path, *, cache: Path, dpi: float = DE
                  pages_per_document: int = 24, regions: RegionFinder | None = None, synthetic_pages: int = 0,
                  progress: Callable[[str], None] = lambda line: print(line, flush=True)) -> CorpusReport:
     """Write the corpus of ``packages`` into ``out/<split>`` page stores; see the module docstring."""
-    import pypdfium2 as pdfium
 
     started = time.perf_counter()
     report = CorpusReport()
@@ -301,7 +300,6 @@ def count_corpus(out: Path, skipped: Counter | None = None) -> CorpusReport:
 def add_synthetic_pages(out: Path, count: int, seed: int = SYNTHETIC_SEED) -> None:
     """``count`` synthetic pages of the ``standard`` preset (768x1024, tables and formulas with
     exact markup, drawn with real fonts) into the train split, and every twentieth into val."""
-    from components.data.synthetic import SyntheticConfig, generate_page
 
     config = SyntheticConfig.preset("standard")
     pending: dict[str, list[Page]] = {"train": [], "val": []}
@@ -344,57 +342,3 @@ def sample_store(source: Path, out: Path, pages: int, per_document: int = 2, min
         page.meta["split"] = split_of[page.meta.get("document_id")]
     target.upsert(chosen)
     return len(chosen)
-
-
-def _rapid_layout_regions() -> RegionFinder:
-    """rapid-layout's detector, loaded once (the offline layout backend the parsers use)."""
-    from components.parsing.layout.rapid import (
-        RapidLayoutModel,  # the CLI's choice, injected into build_corpus
-    )
-
-    model = RapidLayoutModel()
-    return model.regions
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    build = commands.add_parser("build", help="fetch the packages and write the corpus")
-    build.add_argument("--packages", default="", help="comma-separated Debian package names")
-    build.add_argument("--out", type=Path, required=True)
-    build.add_argument("--max-pages", type=int, default=None, help="stop after this many pages in all")
-    build.add_argument("--pages-per-document", type=int, default=24)
-    build.add_argument("--dpi", type=float, default=DEFAULT_DPI)
-    build.add_argument("--layout", choices=("rapid-layout", "none"), default="rapid-layout")
-    build.add_argument("--cache", type=Path, default=Path("var") / "debian")
-    build.add_argument("--synthetic-pages", type=int, default=0,
-                       help="add this many synthetic 768x1024 pages (tables and formulas with exact markup)")
-    build.add_argument("--dvc", action="store_true", help="version --out with DVC (inside the repository)")
-    sample = commands.add_parser("sample", help="copy a few pages of a corpus split into a small store")
-    sample.add_argument("--from", dest="source", type=Path, required=True)
-    sample.add_argument("--out", type=Path, required=True)
-    sample.add_argument("--pages", type=int, default=12)
-    sample.add_argument("--per-document", type=int, default=2)
-    args = parser.parse_args(argv)
-    if args.command == "sample":
-        print(f"[corpus] {sample_store(args.source, args.out, args.pages, args.per_document)} pages -> {args.out}")
-        return 0
-    packages = [p.strip() for p in args.packages.split(",") if p.strip()]
-    if not packages and not args.synthetic_pages:
-        parser.error("--packages names no package (and --synthetic-pages adds none)")
-    regions = _rapid_layout_regions() if args.layout == "rapid-layout" else None
-    report = build_corpus(packages, args.out, cache=args.cache, dpi=args.dpi, max_pages=args.max_pages,
-                          pages_per_document=args.pages_per_document, regions=regions,
-                          synthetic_pages=args.synthetic_pages)
-    print(json.dumps(report.as_dict(), indent=2))
-    if args.dvc:
-        from components.data.versioning import DataVersioner
-
-        root = Path.cwd().resolve()
-        version = DataVersioner(root, str(args.out.resolve().relative_to(root))).commit(f"corpus of {', '.join(packages)}")
-        print(f"[corpus] versioned as {version.short}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,6 +7,7 @@ born-digital PDF manuals whose text layer is exact ground truth (:mod:`component
 
 from __future__ import annotations
 
+import gzip
 import subprocess
 from pathlib import Path
 
@@ -53,7 +54,5 @@ def package_pdfs(cache: Path, package: str) -> list[Path]:
     for packed in sorted(root.rglob("*.pdf.gz")):
         target = packed.with_suffix("")
         if not target.exists():
-            import gzip
-
             target.write_bytes(gzip.decompress(packed.read_bytes()))
     return sorted(p for p in root.rglob("*.pdf") if p.is_file())

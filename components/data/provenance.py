@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from components.data.pages import Page
+from models.loading import model_fingerprint
 
 TRUTH_KEY = "truth"  # page.meta key: where the page's target came from
 PREANNOTATION = "preannotation"
@@ -92,7 +93,6 @@ def describe_truth(counts: dict[str, int]) -> str:
 
 def model_lineage(model_dir: str | Path | None) -> set[str]:
     """Fingerprints of a model folder's weights and of every model it was trained from."""
-    from models.loading import model_fingerprint  # torch and transformers: only when asked
 
     lineage: set[str] = set()
     folder = Path(model_dir) if model_dir else None

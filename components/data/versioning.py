@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from components.data.page_store import DERIVED_PATTERNS
 from components.data.pages import atomic_write_text
 
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
@@ -138,6 +139,7 @@ class DataVersioner:
     # -- DVC --------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _repo(self):
+        # deferred: DVC takes seconds to import; only versioning needs it
         from dvc.exceptions import DvcException, NotDvcRepoError
         from dvc.repo import Repo
 
@@ -154,6 +156,7 @@ class DataVersioner:
 
         Idempotent. In a git repository DVC stages its own files (``.dvc/``, ``.dvcignore``).
         """
+        # deferred: DVC takes seconds to import; only versioning needs it
         from dvc.exceptions import DvcException
         from dvc.repo import Repo
 
@@ -179,7 +182,6 @@ class DataVersioner:
 
     def _ignore_derived_files(self) -> None:
         """Keep the page stores' derived files (id index, lock, trash) out of every version."""
-        from components.data.page_store import DERIVED_PATTERNS
 
         path = self.root / ".dvcignore"
         text = path.read_text(encoding="utf-8") if path.exists() else ""

@@ -32,8 +32,9 @@ from components.decoding.ppc import PrefixCommitmentStrategy
 from components.decoding.sdb import SlidingDiffusionBlockStrategy
 from components.decoding.strategy import SpecialIds, Strategy
 from components.decoding.types import CommitEvent, DecodeParams, DecodeResult, DecodeStats, RowState
-from components.tokenizer import all_special_ids
 from models.interface import MarkupLM
+from models.loading import load_markup_model
+from models.tokenizer import all_special_ids
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "ar": AutoregressiveStrategy,
@@ -79,7 +80,6 @@ class DecodingEngine:
     def from_pretrained(cls, path: str | Path, device: str = "cpu", static_cache: bool = True,
                         prompt: str | None = None, **switches: bool) -> DecodingEngine:
         """``switches``: ``fixed_shapes``, ``cuda_graphs``, ``compile_step`` (see ``__init__``)."""
-        from models.loading import load_markup_model
 
         model, tokenizer = load_markup_model(path, device=device, prompt=prompt)
         return cls(model, tokenizer, static_cache=static_cache, **switches)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 def rank_correlation(confidences: Sequence[float], errors: Sequence[float]) -> float | None:
     """Spearman's rho between confidence and error (-1: the least confident are the worst read);
     None when undefined (under 3 items, or either side constant)."""
-    from scipy.stats import spearmanr
+    from scipy.stats import spearmanr  # deferred: only this statistic needs SciPy
 
     if len(confidences) < 3 or len(set(confidences)) < 2 or len(set(errors)) < 2:
         return None

@@ -25,6 +25,7 @@ from components.data.page_store import PageDataset
 from components.data.pages import MIN_IMAGE_SIDE
 from components.decoding.types import DecodeParams
 from components.evaluation.confidence import least_confident_share, rank_correlation, reliability_table
+from components.metrics.table import teds
 from components.parsing.assembly import element_content, element_markup
 from components.parsing.crops import DEFAULT_CROP, crop_region
 from components.parsing.frontend.sources import TEXT_LAYER_LINE_CROP, line_crop
@@ -90,8 +91,6 @@ def score_element(page_id: str, category: str, truth: str, markup: str, forwards
     content = element_content(markup) if content is None else content.strip()
     score = None
     if category == "table":
-        from components.metrics.table import teds
-
         score = teds(content, truth)
     elif category == "formula":
         longer = max(len(truth), len(content), 1)

@@ -8,6 +8,7 @@ Used by the benchmark script, the evaluation flow and the registry's promotion g
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import time
@@ -329,10 +330,10 @@ def evaluate_decoders(
 
 def plot_score_vs_speed(report: EvaluationReport, path: str | Path) -> Path:
     """Overall score against tokens/s, one point per decoder (an MLflow artifact)."""
-    import matplotlib
+    import matplotlib  # deferred: plotting only, with the Agg backend chosen first
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: plotting only, with the Agg backend chosen first
 
     # Decoders often sit on top of each other (equal scores, close speeds): a legend under the
     # axes names each marker, so no label can overlap another or leave the figure.
@@ -358,7 +359,6 @@ def plot_score_vs_speed(report: EvaluationReport, path: str | Path) -> Path:
 
 def write_category_tables(report: EvaluationReport, folder: str | Path) -> list[Path]:
     """Per-page, per-category CSV of each decoder (an MLflow artifact)."""
-    import csv
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from PIL import Image
+
+from components.data.page_store import PageDataset
+from components.decoding.engine import DecodingEngine
+from components.decoding.types import DecodeParams
 from components.metrics.cdm import ToolchainMissing
 from components.metrics.page import (
     PageScores,
@@ -84,7 +89,6 @@ _CONTENT_FIELD = {"table": "html", "equation_isolated": "latex"}
 
 def ground_truth_from_pages(pages_dir: Path) -> list[dict]:
     """Our page folder as OmniDocBench.json pages (``layout_dets`` in reading order)."""
-    from components.data.page_store import PageDataset
 
     out = []
     for page in PageDataset(pages_dir).pages():
@@ -208,10 +212,6 @@ def evaluate(gt_pages: list[dict], pred_dir: Path, formula_metric: str = "edit")
 def predict(gt_pages: list[dict], images_dir: Path, pred_dir: Path, model_dir: Path, decoder: str,
             max_new_tokens: int) -> int:
     """Decode each page image with our engine into ``pred_dir/<stem>.md``; returns how many were written."""
-    from PIL import Image
-
-    from components.decoding.engine import DecodingEngine
-    from components.decoding.types import DecodeParams
 
     engine = DecodingEngine.from_pretrained(model_dir)
     params = DecodeParams(decoder=decoder, max_new_tokens=max_new_tokens)

@@ -39,6 +39,7 @@ import numpy as np
 from bs4 import BeautifulSoup
 
 from components.data.markup import parse_markup, render_block
+from components.metrics.cdm import cdm_available, cdm_scores
 from components.metrics.extraction import HTML_TABLE, LATEX_TABLE, TEXT, PredictedElement, extract_elements
 from components.metrics.matching import (
     FORMULA_CATEGORY,
@@ -346,7 +347,6 @@ def _mean(values: list[float | None]) -> float | None:
 
 def formula_cdm(pages: Iterable[PageScores]) -> float | None:
     """Mean CDM F1 over the pages' formula pairs (None when none has a ground truth that renders)."""
-    from components.metrics.cdm import cdm_scores  # needs pdflatex: imported only when asked for
 
     pairs = [(sample.gt, sample.pred) for page in pages for sample in page.formula_samples]
     scores = [score for score in cdm_scores(pairs) if score is not None] if pairs else []
@@ -403,8 +403,6 @@ def score_dataset(pairs: Iterable[tuple[str, str]], formula_metric: str = "edit"
 def resolve_formula_metric(choice: str) -> str:
     """``auto``: CDM where pdflatex and Ghostscript are installed, else the edit fallback."""
     if choice == "auto":
-        from components.metrics.cdm import cdm_available
-
         return "cdm" if cdm_available() else "edit"
     if choice not in FORMULA_METRICS:
         raise ValueError(f"formula metric must be auto, cdm or edit, not {choice!r}")

@@ -76,7 +76,7 @@ class SlanetTables:
     """SLANet on table crops (one onnxruntime session; calls from several threads take turns)."""
 
     def __init__(self, threads: int = 1):
-        import onnxruntime as ort
+        import onnxruntime as ort  # deferred: ONNX Runtime sessions load only on this path
 
         path = slanet_path()
         digest = hashlib.sha256(path.read_bytes()).hexdigest()

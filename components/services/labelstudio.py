@@ -60,7 +60,7 @@ class LabelStudioConnection:
 
     def client(self, timeout: float = 120.0):
         """A ``label_studio_sdk.LabelStudio`` client for this server."""
-        from label_studio_sdk import LabelStudio
+        from label_studio_sdk import LabelStudio  # deferred: only talking to Label Studio needs the SDK
 
         return LabelStudio(base_url=self.url, api_key=self.api_key, timeout=timeout)
 

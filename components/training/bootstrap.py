@@ -12,8 +12,8 @@ from pathlib import Path
 
 from components.data.page_store import PageDataset
 from components.data.pages import InvalidPageError
-from components.tokenizer import train_markup_tokenizer
 from models.loading import new_tiny_model, save_markup_model
+from models.tokenizer import train_markup_tokenizer
 
 
 def bootstrap_model(

@@ -47,6 +47,7 @@ not contradict. Each older choice of ours stays a switch and an ablation row
 from __future__ import annotations
 
 import torch
+from rapidfuzz.distance import Levenshtein
 
 CREDITS = ("pickup", "lcp", "lcp_per_candidate")
 
@@ -66,7 +67,6 @@ def lcp_fraction(predicted: torch.Tensor, truth: torch.Tensor, valid: torch.Tens
 
 def edit_similarity(predicted: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """1 - normalised Levenshtein distance between the valid prefixes (0 where there are none)."""
-    from rapidfuzz.distance import Levenshtein
 
     flat_p, flat_t = predicted.reshape(-1, predicted.shape[-1]).tolist(), truth.reshape(-1, truth.shape[-1]).tolist()
     counts = valid.reshape(-1, valid.shape[-1]).sum(dim=-1).tolist()

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerFast
 
 from components.data.markup import BLOCK_CATEGORIES, render_block
@@ -413,7 +414,6 @@ class TrainingData:
         """The rank's micro-batches of steps ``[start_step, stop_step)`` in order. With ``workers``,
         DataLoader worker processes read the token caches, decode and preprocess the images ahead
         of the training loop (``preprocess`` must then work on CPU tensors)."""
-        from torch.utils.data import DataLoader
 
         accum = self.plan.grad_accum
         items = _MicroBatches(self, rank, start_step * accum)

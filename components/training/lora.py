@@ -24,7 +24,7 @@ def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, tar
                trainable: list[str] | None = None) -> dict[str, int]:
     """Inject LoRA adapters and freeze everything else (except parameters whose name contains one of
     ``trainable``, e.g. ``embed_tokens`` when new special tokens must learn). Returns the counts."""
-    from peft import LoraConfig, inject_adapter_in_model
+    from peft import LoraConfig, inject_adapter_in_model  # deferred: only a LoRA run needs peft
 
     model_type = getattr(model.config, "model_type", "")
     targets = target_modules or DEFAULT_TARGETS.get(model_type)
@@ -41,7 +41,7 @@ def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, tar
 
 
 def has_lora(model: nn.Module) -> bool:
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer  # deferred: only a LoRA run needs peft
 
     return any(isinstance(module, LoraLayer) for module in model.modules())
 
@@ -50,7 +50,7 @@ def has_lora(model: nn.Module) -> bool:
 def merged_state_dict(model: nn.Module) -> dict[str, Any]:
     """The model's weights with every adapter folded into its base layer, under the names of the
     model without adapters (``...q_proj.weight``, no ``base_layer`` / ``lora_`` entries)."""
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer  # deferred: only a LoRA run needs peft
 
     state = {name: tensor for name, tensor in model.state_dict().items() if "lora_" not in name}
     for name, module in model.named_modules():

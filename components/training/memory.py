@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from models.docvlm import DocVLMConfig, DocVLMForConditionalGeneration
+
 GIB = 1024**3
 
 
@@ -49,10 +51,9 @@ def meta_model(model_dir: str | Path) -> tuple[str, nn.Module]:
     model_type = json.loads(config_file.read_text())["model_type"]
     with torch.device("meta"):
         if model_type == "docvlm":
-            from models.docvlm import DocVLMConfig, DocVLMForConditionalGeneration
-
             model = DocVLMForConditionalGeneration(DocVLMConfig.from_pretrained(str(model_dir)))
         else:
+            # deferred: only the size estimate of a Hugging Face family needs it
             from transformers import AutoConfig, AutoModelForImageTextToText
 
             model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(str(model_dir)))
@@ -70,11 +71,13 @@ def estimate(model_dir: str | Path, zero_stage: int, gpus_per_node: int, nodes: 
     total = sum(p.numel() for p in unique.values())
     largest = max(sum(p.numel() for p in module.parameters(recurse=False)) for module in model.modules())
     if zero_stage == 3:
+        # deferred: DeepSpeed takes seconds to import; only this path needs it
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
         cpu, gpu, _ = estimate_zero3_model_states_mem_needs(total, largest, gpus_per_node, nodes, cpu_offload=False,
                                                             cpu_offload_params=False)
     else:
+        # deferred: DeepSpeed takes seconds to import; only this path needs it
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
         # ZeRO-0/1 keep every gradient on every GPU: the stage-2 formula with one GPU is their upper bound.

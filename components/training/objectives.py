@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 IGNORE = -100
 
@@ -51,7 +52,6 @@ def token_ce(logits: torch.Tensor, targets: torch.Tensor, chunk: int = CE_CHUNK_
     flat, flat_targets = logits.reshape(batch * n, vocab), targets.reshape(batch * n)
     if flat.shape[0] <= chunk:
         return _chunk_ce(flat, flat_targets).reshape(batch, n)
-    from torch.utils.checkpoint import checkpoint
 
     parts = [checkpoint(_chunk_ce, flat[start : start + chunk], flat_targets[start : start + chunk], use_reentrant=False)
              if flat.requires_grad else _chunk_ce(flat[start : start + chunk], flat_targets[start : start + chunk])

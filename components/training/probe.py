@@ -13,11 +13,10 @@ import torch
 
 from components.training.config import TrainConfig
 from components.training.data import Batch
+from components.training.mix import ObjectiveMix
 
 
 def _gradient(model: torch.nn.Module, config: TrainConfig, batch: Batch, seed: int) -> tuple[torch.Tensor, dict]:
-    from components.training.mix import ObjectiveMix
-
     mix = ObjectiveMix(model, config)
     model.zero_grad(set_to_none=True)
     loss, metrics = mix(batch, torch.Generator().manual_seed(seed))

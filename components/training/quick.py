@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from components.training.config import load_train_config
+from components.training.trainer import run_training
 
 QUICK_CONFIG = "configs/train/quick.yaml"
 
@@ -22,7 +23,6 @@ def train_quick_model(
     ``out_dir`` receives the run's files; the loadable model is ``out_dir/model`` (with
     ``training_meta.json``). ``overrides`` take dotted keys, e.g. ``{"train.micro_batch_size": 4}``.
     """
-    from components.training.trainer import run_training
 
     config = load_train_config(QUICK_CONFIG, {
         "output_dir": str(Path(out_dir).resolve()),

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from components.training.config import TrainConfig, TrainConfigError
 
@@ -64,7 +65,7 @@ def select_accelerator() -> str:
 
 def skip_shm_comm_build() -> None:
     """Mark the CPU shared-memory all-reduce op unavailable so init does not JIT-compile it."""
-    import deepspeed.ops
+    import deepspeed.ops  # deferred: DeepSpeed takes seconds to import; only this path needs it
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
@@ -73,8 +74,7 @@ def init_distributed() -> tuple[int, int, int]:
     """Start (once) the process group; returns (rank, world_size, local_rank)."""
     ensure_process_env()
     accelerator = select_accelerator()
-    import deepspeed
-    import torch.distributed as dist
+    import deepspeed  # deferred: DeepSpeed takes seconds to import; only this path needs it
 
     if not dist.is_initialized():
         if accelerator == "cpu":

@@ -12,6 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import mlflow
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
+
+from components.registry.mlflow_registry import configure
 from components.training.config import MlflowSection
 
 RUN_ID_FILE = "mlflow_run.json"
@@ -33,10 +39,6 @@ class RunLogger:
         """Open the MLflow run; with ``resume`` continue the run recorded in the output folder."""
         if not self.active:
             return None
-        import mlflow
-        from mlflow import MlflowClient
-
-        from components.registry.mlflow_registry import configure
 
         try:
             experiment_id = configure(self.section.tracking_uri, self.section.experiment)
@@ -65,7 +67,6 @@ class RunLogger:
     def log_params(self, params: dict[str, Any]) -> None:
         if not self.active:
             return
-        from mlflow.entities import Param
 
         existing = self._client.get_run(self.run_id).data.params
         fresh = [Param(k, str(v)[:6000]) for k, v in params.items() if k not in existing]
@@ -75,7 +76,6 @@ class RunLogger:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if not self.active:
             return
-        from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         self._pending += [Metric(k, float(v), now, step) for k, v in metrics.items()]
@@ -87,7 +87,6 @@ class RunLogger:
         at the next flush instead of stopping the training."""
         if not self.active or not self._pending:
             return
-        from mlflow.exceptions import MlflowException
 
         try:
             while self._pending:

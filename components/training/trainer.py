@@ -31,17 +31,24 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import deepspeed
 import numpy as np
 import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
 
 from components.data.pages import atomic_write_text
 from components.data.provenance import LINEAGE_KEY, model_lineage
 from components.data.seeds import seed_ranges, seen_seeds, synthetic_seeds
 from components.parsing.prompts import style_for_model
 from components.training import runtime
+from components.training.bootstrap import bootstrap_model
 from components.training.config import TrainConfig
 from components.training.data import BatchPlan, TrainingData, dataset_fingerprint, load_examples
+from components.training.lora import apply_lora, has_lora, merged_state_dict
+from components.training.mix import ObjectiveMix
 from components.training.tracking import RunLogger
+from models.loading import load_markup_model, save_markup_model
 
 CHECKPOINTS = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
@@ -97,7 +104,6 @@ def step_seed(seed: int, step: int, micro: int, rank: int) -> int:
 
 def _reduce_mean(values: dict[str, float], device: torch.device) -> dict[str, float]:
     """Average a fixed set of scalars over ranks (every rank holds the same keys)."""
-    import torch.distributed as dist
 
     keys = sorted(values)
     tensor = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
@@ -108,8 +114,6 @@ def _reduce_mean(values: dict[str, float], device: torch.device) -> dict[str, fl
 
 
 def _any_rank(flag: bool, device: torch.device) -> bool:
-    import torch.distributed as dist
-
     tensor = torch.tensor([1.0 if flag else 0.0], device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
@@ -117,8 +121,6 @@ def _any_rank(flag: bool, device: torch.device) -> bool:
 
 
 def _barrier() -> None:
-    import torch.distributed as dist
-
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
 
@@ -154,15 +156,12 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
 
 def _load_model(config: TrainConfig, output_dir: Path, rank: int):
     """The starting model: ``init_from`` or a bootstrap made once by rank 0."""
-    from models.loading import load_markup_model
 
     if config.model.init_from is not None:
         source = config.path(config.model.init_from)
     else:
         source = output_dir / "bootstrap_model"
         if rank == 0 and not (source / "config.json").is_file():
-            from components.training.bootstrap import bootstrap_model
-
             datasets = [config.path(config.data.dataset)]
             bootstrap_model(datasets, source, config.model.bootstrap.vocab_size, config.model.bootstrap.min_frequency,
                             seed=config.seed, architecture=config.model.bootstrap.architecture)
@@ -171,8 +170,6 @@ def _load_model(config: TrainConfig, output_dir: Path, rank: int):
     if config.train.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.model.lora is not None:
-        from components.training.lora import apply_lora
-
         lora = config.model.lora
         counts = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.trainable)
         if rank == 0:
@@ -183,9 +180,6 @@ def _load_model(config: TrainConfig, output_dir: Path, rank: int):
 def save_model_folder(engine, tokenizer, target: Path, meta: dict[str, Any], rank: int, zero_stage: int) -> Path:
     """Write the model folder next to ``target`` and swap it in, so no half-written folder is
     ever visible; with ZeRO-3 the partitioned weights are gathered first (all ranks)."""
-    import deepspeed
-
-    from models.loading import save_markup_model
 
     model = engine.module.model
     gather = deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None) if zero_stage == 3 else None
@@ -193,8 +187,6 @@ def save_model_folder(engine, tokenizer, target: Path, meta: dict[str, Any], ran
         gather.__enter__()
     try:
         if rank == 0:
-            from components.training.lora import has_lora, merged_state_dict
-
             staging = target.with_name(target.name + ".partial")
             shutil.rmtree(staging, ignore_errors=True)
             save_markup_model(model, tokenizer, staging, state_dict=merged_state_dict(model) if has_lora(model) else None)
@@ -216,9 +208,6 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
     """Train ``config`` to ``train.steps`` (or ``stop_at_step``), resuming if a checkpoint exists."""
     started = time.time()
     rank, world_size, _ = runtime.init_distributed()
-    import deepspeed
-
-    from components.training.mix import ObjectiveMix
 
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", world_size)))
     torch.set_num_threads(config.train.threads or runtime.default_threads(local_world))
@@ -292,8 +281,6 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
     saved_at = start_step if found is not None else -1
     progress = None
     if rank == 0 and config.train.progress:
-        from tqdm.auto import tqdm
-
         progress = tqdm(total=total, initial=start_step, desc=config.name, unit="step", dynamic_ncols=True)
     train_started = time.time()
     batches = data.batches(start_step, last_step, rank, workers=config.data.workers)

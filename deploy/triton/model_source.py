@@ -74,6 +74,7 @@ def _exclusive(lock_path: Path):
 
 def _download_once(artifact_uri: str, destination: Path, tracking_uri: str) -> Path:
     """Download ``artifact_uri`` into ``destination`` unless a complete copy is already there."""
+    # deferred: MLflow takes seconds to import; only a tracked run or a registry source needs it
     from mlflow.artifacts import download_artifacts
 
     with _exclusive(destination.with_name(destination.name + ".lock")):
@@ -94,6 +95,7 @@ def expected_model(model_uri: str, tracking_uri: str | None = None) -> dict[str,
     registry = _REGISTRY_URI.match(uri)
     if registry is None:
         return {"uri": uri}
+    # deferred: MLflow takes seconds to import; only a tracked run or a registry source needs it
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
@@ -131,6 +133,7 @@ def resolve_model(model_uri: str, tracking_uri: str | None = None, cache_dir: Pa
 
 
 def _resolve_registered(uri: str, registry: re.Match[str] | None, tracking: str, cache: Path) -> ResolvedModel:
+    # deferred: MLflow takes seconds to import; only a tracked run or a registry source needs it
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 

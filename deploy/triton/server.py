@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from components.services.process import (
     LOOPBACK,
@@ -55,6 +57,7 @@ from components.services.process import (
     load_or_create_secret,
     port_open,
 )
+from deploy.triton.repository import MODEL_NAMES, materialize_repository
 
 TRITON_VENV = Path(os.environ.get("DOCMARKUP_TRITON_VENV", PROJECT_ROOT / ".venv-triton"))
 TRITON_VAR = VAR_DIR / "triton"
@@ -360,10 +363,6 @@ class TritonServer:
     def reload_models(self, models: tuple[str, ...] | None = None, timeout_s: float = 300.0) -> None:
         """Reload models in place (new weights are loaded before the old ones go), e.g. after the
         champion alias moved: ``models:/...@champion`` is resolved again at load time."""
-        import tritonclient.http as httpclient
-        from tritonclient.utils import InferenceServerException
-
-        from deploy.triton.repository import MODEL_NAMES
 
         client = httpclient.InferenceServerClient(self.http_url, network_timeout=timeout_s)
         try:
@@ -463,7 +462,6 @@ def start_triton(
     ``tracking_uri`` (default: ``MLFLOW_TRACKING_URI``) is where ``models:/`` URIs resolve.
     Extra keyword arguments go to :func:`deploy.triton.repository.materialize_repository`.
     """
-    from deploy.triton.repository import materialize_repository
 
     running = ManagedService(name=name, command=[], health=lambda: False).pid()
     if running is not None:

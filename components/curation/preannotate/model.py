@@ -18,8 +18,11 @@ from PIL import Image
 from components.curation.preannotate.base import PreAnnotation, strip_image_tokens
 from components.data.markup import ALL_CATEGORIES
 from components.data.pages import LayoutElement
+from components.decoding.engine import DecodingEngine
+from components.decoding.types import DecodeParams
 from components.parsing import ParseSettings, make_layout, read_pages, resolve_parse
 from components.parsing.assembly import element_content
+from models.loading import model_family, model_fingerprint
 
 
 @dataclass
@@ -48,8 +51,6 @@ class ModelAnnotator:
 
     def __init__(self, engine, *, model_version: str = "model", decoder: str = "ar", max_new_tokens: int = 1024,
                  parsing: ParseSettings | None = None):
-        from components.decoding.types import DecodeParams
-
         self.engine = engine  # a DecodingEngine (or anything with its generate())
         self._model_version = model_version
         self.params = DecodeParams(decoder=decoder, max_new_tokens=max_new_tokens)
@@ -59,8 +60,6 @@ class ModelAnnotator:
     @classmethod
     def from_config(cls, settings: ModelAnnotatorConfig) -> ModelAnnotator:
         """Load ``settings.model_dir`` (checking its family when the backend names one) into the engine."""
-        from components.decoding.engine import DecodingEngine
-        from models.loading import model_family, model_fingerprint
 
         if not settings.model_dir:
             raise ValueError("this pre-annotation backend needs `model_dir` (a model folder with config.json)")

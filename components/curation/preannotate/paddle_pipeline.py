@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 from PIL import Image
 
 from components.curation.preannotate.base import (
@@ -72,7 +73,7 @@ class PaddleOCRVLPipelineAnnotator:
     def _load(self):
         if self._pipeline is None:
             try:
-                from paddleocr import PaddleOCRVL
+                from paddleocr import PaddleOCRVL  # deferred: optional extra (pip install .[paddle])
             except ImportError as exc:
                 raise BackendNotInstalledError(f"{self.INSTALL_HINT} (import error: {exc})") from exc
             cfg = self.config
@@ -86,8 +87,6 @@ class PaddleOCRVLPipelineAnnotator:
         return self._pipeline
 
     def annotate(self, image: Image.Image, page_id: str) -> PreAnnotation:
-        import numpy as np
-
         validate_image(image)
         pipeline = self._load()
         bgr = np.ascontiguousarray(np.asarray(image.convert("RGB"))[:, :, ::-1])  # PaddleX reads arrays as BGR

@@ -29,6 +29,7 @@ class TextLineDetector:
 
     def engine(self) -> Any:
         if self._engine is None:
+            # deferred: its ONNX sessions load in seconds, only on this path
             from rapidocr import RapidOCR  # the ONNX models load with the engine (seconds): only when asked
 
             params: dict[str, Any] = {"Global.log_level": "error", "Global.text_score": self.text_score,

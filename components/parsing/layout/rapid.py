@@ -9,6 +9,7 @@ indented blocks) is ordinary text.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from PIL import Image
@@ -35,11 +36,10 @@ class RapidLayoutModel:
     def _load(self) -> Any:
         if self._engine is None:
             try:
-                from rapid_layout import RapidLayout
+                from rapid_layout import RapidLayout  # deferred: its ONNX session loads only on this path
             except ImportError as error:
                 raise LayoutNotInstalledError(
                     "the layout model needs rapid-layout (a project dependency; run ./run setup)") from error
-            import logging
 
             engine_cfg = {"intra_op_num_threads": int(self.threads)} if self.threads else {}
             logging.disable(logging.INFO)  # its loggers, made while it loads, print every model load at INFO

@@ -16,16 +16,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import sys
 import time
 from pathlib import Path
 
+import torch
+
+from components.data.corpus import build_corpus
 from components.data.page_store import PageDataset
 from components.data.pages import atomic_write_text
+from components.decoding.engine import DecodingEngine
+from components.decoding.types import DecodeParams
+from components.evaluation.element_reading import read_store, summarize_readings
 from components.training.config import PROJECT_ROOT, TrainConfigError, load_train_config
-from components.training.pretrain import pretrain_parser
+from components.training.runtime import ensure_process_env
+from components.training.trainer import run_training
+from models.loading import load_markup_model
+from models.reader import TOWER_CACHE_ENV, new_reader_model
+from recipes.build_corpus import rapid_layout_regions
+from recipes.pretrain import model_at_checkpoint, pretrain_parser
 
 DEFAULT_OUT = PROJECT_ROOT / "models" / "pretrained" / "docmarkup-reader"
 WORK_DIR = PROJECT_ROOT / "var" / "reader"
@@ -42,17 +54,15 @@ PHASE_2 = ["objectives={ar: 1.0, dar: 0.5, block_diffusion: 0.25, pabdm_csl: 0.2
 def ensure_corpus(corpus: Path, max_pages: int | None) -> None:
     if PageDataset(corpus / "train").exists():
         return
-    from components.data.corpus import _rapid_layout_regions, build_corpus
 
     print(f"[reader] building the corpus in {corpus} from {len(CORPUS_PACKAGES)} Debian packages")
     build_corpus(list(CORPUS_PACKAGES), corpus, cache=PROJECT_ROOT / "var" / "debian", max_pages=max_pages,
-                 pages_per_document=16, regions=_rapid_layout_regions())
+                 pages_per_document=16, regions=rapid_layout_regions())
 
 
 def ensure_init(init_dir: Path) -> None:
     if (init_dir / "config.json").is_file():
         return
-    from models.reader import new_reader_model
 
     model, tokenizer = new_reader_model()
     model.save_folder(init_dir, tokenizer)
@@ -64,10 +74,6 @@ def checkpoint_steps(train_dir: Path) -> list[int]:
 
 def curve_point(source: Path, train_dir: Path, step: int, held_out: PageDataset, elements: int) -> dict:
     """Held-out character error of the checkpoint at ``step`` (greedy AR, first ``elements`` elements)."""
-    from components.decoding.engine import DecodingEngine
-    from components.decoding.types import DecodeParams
-    from components.evaluation.element_reading import read_store, summarize_readings
-    from components.training.pretrain import model_at_checkpoint
 
     model, tokenizer = model_at_checkpoint(train_dir, step, source)
     readings, _ = read_store(DecodingEngine(model, tokenizer), held_out, DecodeParams(max_new_tokens=768),
@@ -81,9 +87,6 @@ def curve_point(source: Path, train_dir: Path, step: int, held_out: PageDataset,
 
 def evaluate_reader(model_dir: Path, held_out: PageDataset, decoders: list[str], limit: int | None) -> dict:
     """Every decoder on the held-out elements, batch 16, greedy; SDB's tokens compared with AR's."""
-    from components.decoding.engine import DecodingEngine
-    from components.decoding.types import DecodeParams
-    from components.evaluation.element_reading import read_store, summarize_readings
 
     engine = DecodingEngine.from_pretrained(model_dir)
     results, outputs = {}, {}
@@ -165,15 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     start = args.init_from.resolve() if args.init_from else init_dir
     phase1 = [f"train.steps={args.phase1_steps}"] if args.phase1_steps else []
     phases = [(start, phase1_dir, phase1), (phase1_dir / "model", phase2_dir, [*PHASE_2, f"train.steps={args.phase2_steps}"])]
-    from components.training.runtime import ensure_process_env
 
     ensure_process_env()
-    import os
-
-    from models.reader import TOWER_CACHE_ENV
 
     os.environ.setdefault(TOWER_CACHE_ENV, str(work / "tower_frames.pt"))  # the frozen tower runs once per line
-    from components.training.trainer import run_training
 
     sessions_file = work / "sessions.json"
     sessions = json.loads(sessions_file.read_text()) if sessions_file.exists() else []
@@ -219,9 +217,6 @@ def main(argv: list[str] | None = None) -> int:
 
     final = phase2_dir / "model"
     evaluation = evaluate_reader(final, held_out, args.decoders.split(","), args.eval_elements)
-    import torch
-
-    from models.loading import load_markup_model
 
     model, _ = load_markup_model(final)
     train = PageDataset(args.corpus / "train")

@@ -1,7 +1,7 @@
 """Write a checkpoint folder of a supported family without downloading anything.
 
-    python -m models.tiny --family qwen2_5_vl --out var/models/tiny-qwen25     # tiny, random weights
-    python -m models.tiny --family qwen2_5_vl --preset 3b --out var/models/qwen25-3b-config
+    python -m recipes.tiny_checkpoint --family qwen2_5_vl --out var/models/tiny-qwen25     # tiny, random weights
+    python -m recipes.tiny_checkpoint --family qwen2_5_vl --preset 3b --out var/models/qwen25-3b-config
 
 ``tiny`` folders (random weights, a Qwen-like tokenizer trained on synthetic pages, processor
 files) load and decode through the engine exactly like a real checkpoint: for tests, demos and
@@ -17,7 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-from models.hf_adapter import SUPPORTED_MODEL_TYPES
+from components.data.synthetic import generate_page
+from models.hf_adapter import SUPPORTED_MODEL_TYPES, save_tiny_hf_vlm
+from models.loading import new_tiny_model, save_markup_model
+from models.tokenizer import train_markup_tokenizer
 
 # Our own DocVLM plus every Hugging Face family the adapter trains and decodes.
 TINY_FAMILIES = ("docvlm", *SUPPORTED_MODEL_TYPES)
@@ -46,18 +49,13 @@ PRESETS = {("qwen2_5_vl", "3b"): QWEN2_5_VL_3B}
 
 def write_tiny(family: str, out: Path, seed: int = 0, n_texts: int = 300) -> Path:
     """A tiny random checkpoint of ``family`` whose tokenizer has seen ``n_texts`` synthetic pages."""
-    from components.data.synthetic import generate_page
 
     if family not in TINY_FAMILIES:
         raise ValueError(f"unsupported family {family!r}; supported: {', '.join(TINY_FAMILIES)}")
     texts = [generate_page(s)[0].markup for s in range(n_texts)]
     if family == "docvlm":
-        from components.tokenizer import train_markup_tokenizer
-        from models.loading import new_tiny_model, save_markup_model
-
         tokenizer = train_markup_tokenizer(texts, vocab_size=512)
         return save_markup_model(new_tiny_model(tokenizer, seed=seed), tokenizer, out)
-    from models.hf_adapter import save_tiny_hf_vlm
 
     return save_tiny_hf_vlm(out, texts, model_type=family, seed=seed)
 
@@ -72,7 +70,7 @@ def write_config_preset(family: str, preset: str, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m models.tiny", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m recipes.tiny_checkpoint", description=__doc__.split("\n")[0])
     parser.add_argument("--family", required=True, help=f"one of {', '.join(TINY_FAMILIES)}")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--preset", default="tiny", help="tiny (random weights) or 3b (config only, qwen2_5_vl)")

@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 from components.data.page_store import PageDataset
+from components.data.synthetic import generate_page
 from components.pipeline import PipelineConfig
 from components.registry.mlflow_registry import default_tracking_uri
 from components.services.process import ServiceError
@@ -91,7 +92,6 @@ def ensure_serving(cfg: PipelineConfig) -> TritonServer:
 
 def _probe_page() -> bytes:
     """A small synthetic page: enough for the server to report which model answered."""
-    from components.data.synthetic import generate_page
 
     buffer = io.BytesIO()
     generate_page(0)[1].save(buffer, format="PNG")

@@ -21,10 +21,12 @@ from components.evaluation.evaluate import (
     token_budget,
     write_category_tables,
 )
+from components.evaluation.parse_modes import compare_parse_modes, table
 from components.evaluation.reference import ocr_reference_scores
 from components.parsing import ParseSettings, resolve_parse
 from components.pipeline import PipelineConfig
 from components.registry import mlflow_registry as registry
+from lifecycle.stages import starting_checkpoint
 from models.loading import model_fingerprint
 from monitoring.drift import save_reference
 
@@ -61,7 +63,6 @@ def parse_settings(cfg: PipelineConfig, model_dir: Path) -> ParseSettings:
 def evaluation_lineage(cfg: PipelineConfig, model_dir: Path) -> set[str]:
     """Weights whose pre-annotations cannot grade ``model_dir``: its own, its ancestors', and those
     of the checkpoint the chain started from (the first challenger's baseline)."""
-    from components.training.stages import starting_checkpoint
 
     return model_lineage(model_dir) | model_lineage(starting_checkpoint(cfg))
 
@@ -177,7 +178,6 @@ def evaluate_and_register(cfg: PipelineConfig, model_dir: Path, *, data_version:
 def unchanged_from(cfg: PipelineConfig, model_dir: Path) -> str | None:
     """The incumbent whose weights ``model_dir`` holds byte for byte (the champion, else the
     checkpoint the chain started from), or None when the weights are new."""
-    from components.training.stages import starting_checkpoint
 
     fingerprint = model_fingerprint(model_dir)
     holder = registry.champion(cfg.evaluation.model_name)
@@ -195,7 +195,6 @@ def baseline_metrics(cfg: PipelineConfig, report: EvaluationReport, decoder: str
     """The incumbent scored now, on the challenger's own pages with the same decoder settings: the
     champion, or on a first run the checkpoint training started from. (None, None) when there is
     neither (a model trained from scratch with no champion yet)."""
-    from components.training.stages import starting_checkpoint
 
     holder = registry.champion(cfg.evaluation.model_name)
     if holder is not None:
@@ -221,7 +220,6 @@ def baseline_metrics(cfg: PipelineConfig, report: EvaluationReport, decoder: str
 def parse_mode_comparison(cfg: PipelineConfig, page_model_dir: Path, element_model_dir: Path) -> dict:
     """The chain's page model beside the element model trained from the same start, on the same
     test pages, AR and SDB, interleaved (:mod:`components.evaluation.parse_modes`)."""
-    from components.evaluation.parse_modes import compare_parse_modes, table
 
     dataset = PageDataset(cfg.evaluation_dir)
     for folder in (page_model_dir, element_model_dir):

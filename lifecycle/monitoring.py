@@ -9,6 +9,8 @@ import mlflow
 from components.data.page_store import PageDataset
 from components.pipeline import PipelineConfig
 from components.registry import mlflow_registry as registry
+from lifecycle.curation import label_studio
+from lifecycle.evaluation import drift_reference_of
 from monitoring.drift import MIN_VERDICT_PAGES, SIGNALS, check_drift, load_reference
 from monitoring.feedback import push_low_confidence_pages
 from monitoring.request_log import RequestLog
@@ -23,7 +25,6 @@ def production_signals(log: RequestLog, since: float | None = None) -> dict[str,
 
 def check_production_drift(cfg: PipelineConfig, log: RequestLog, since: float | None = None) -> dict:
     """Drift of the request log against the champion's evaluation split, logged to MLflow."""
-    from components.evaluation.workflow import drift_reference_of
 
     registry.configure(experiment=f"{cfg.name}-monitoring")
     production = production_signals(log, since)
@@ -42,8 +43,6 @@ def check_production_drift(cfg: PipelineConfig, log: RequestLog, since: float | 
 
 
 def send_low_confidence_to_annotators(cfg: PipelineConfig, log: RequestLog, since: float | None = None) -> dict:
-    from components.curation.workflow import label_studio
-
     if not cfg.curation.label_studio.enabled:
         return {"queued": 0, "reason": "label studio disabled"}
     holder = registry.champion(cfg.evaluation.model_name)

@@ -24,9 +24,20 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+from tqdm.auto import tqdm
+
 from components.data.page_store import PageDataset
 from components.data.pages import Page, atomic_write_text
+from components.data.synthetic import SyntheticConfig, generate_page
+from components.decoding.engine import DecodingEngine
+from components.decoding.types import DecodeParams
+from components.evaluation.evaluate import evaluate_decoder, evaluate_decoders
 from components.training.config import PROJECT_ROOT, TrainConfigError, load_train_config
+from components.training.runtime import ensure_process_env
+from components.training.trainer import latest_checkpoint, run_training
+from models.docvlm import count_parameters
+from models.loading import load_markup_model
 
 # Seed ranges: the demo and tests draw pages from small seeds; pretraining from 10M up; held-out
 # evaluation of the base (and the benchmark's default) from 90M up. Ranges never overlap.
@@ -41,9 +52,6 @@ CHUNK = 500
 def generate_pages(root: Path, parts: list[tuple[str, int, int]]) -> PageDataset:
     """Synthetic pages in ``root``: for each ``(preset, n_pages, first_seed)`` the pages of seeds
     ``first_seed ..``; written in chunks, so an interrupted run continues where it stopped."""
-    from tqdm.auto import tqdm
-
-    from components.data.synthetic import SyntheticConfig, generate_page
 
     dataset = PageDataset(root)
     chunks = root / "chunks"
@@ -81,9 +89,6 @@ def generate_pages(root: Path, parts: list[tuple[str, int, int]]) -> PageDataset
 
 def evaluate_base(model_dir: Path, pages_dir: Path, n_pages: int, max_new_tokens: int, decoders: list[str]) -> dict:
     """Every decoder on the held-out pages, greedy, batch 1, ratios from this run."""
-    from components.decoding.engine import DecodingEngine
-    from components.decoding.types import DecodeParams
-    from components.evaluation.evaluate import evaluate_decoders
 
     engine = DecodingEngine.from_pretrained(model_dir)
     params = [DecodeParams(decoder=name, max_new_tokens=max_new_tokens) for name in decoders]
@@ -98,9 +103,6 @@ def evaluate_base(model_dir: Path, pages_dir: Path, n_pages: int, max_new_tokens
 def model_at_checkpoint(train_dir: Path, step: int, source: Path | None = None):
     """The model as of a DeepSpeed checkpoint of this run (ZeRO 0-2 keep whole weights per file);
     ``source``: the folder the run started from (default: the one it bootstrapped)."""
-    import torch
-
-    from models.loading import load_markup_model
 
     model, tokenizer = load_markup_model(source or train_dir / "bootstrap_model")
     states = torch.load(train_dir / "checkpoints" / f"step_{step:07d}" / "mp_rank_00_model_states.pt",
@@ -111,9 +113,6 @@ def model_at_checkpoint(train_dir: Path, step: int, source: Path | None = None):
 
 def curve_point(train_dir: Path, step: int, held_out_dir: Path, n_pages: int, max_new_tokens: int) -> dict:
     """AR Overall of the checkpoint at ``step`` on the first ``n_pages`` held-out pages."""
-    from components.decoding.engine import DecodingEngine
-    from components.decoding.types import DecodeParams
-    from components.evaluation.evaluate import evaluate_decoder
 
     model, tokenizer = model_at_checkpoint(train_dir, step)
     dataset = PageDataset(held_out_dir)
@@ -182,10 +181,6 @@ AR pages ending with `<eos>` inside the budget: {ev['ar_eos_fraction'] * 100:.1f
 def install_base(model_dir: Path, out: Path, held_out_dir: Path, made: dict, args: argparse.Namespace) -> dict:
     """Evaluate ``model_dir`` on the held-out pages and install it at ``out`` with ``pretrain.json``
     and its card (staged, then renamed, so a failed run never leaves half a base)."""
-    import torch
-
-    from models.docvlm import count_parameters
-    from models.loading import load_markup_model
 
     generate_pages(held_out_dir, [("tiny", args.eval_pages, HELD_OUT_SEED)])
     print(f"[pretrain] evaluating {model_dir} on {args.eval_pages} held-out pages")
@@ -213,7 +208,7 @@ def install_base(model_dir: Path, out: Path, held_out_dir: Path, made: dict, arg
 
 
 def streamed_made(model_dir: Path) -> dict:
-    """How a :mod:`components.training.streamed_pretrain` folder was made, from its ``streamed.json``
+    """How a :mod:`recipes.streamed_pretrain` folder was made, from its ``streamed.json``
     (following ``init`` back through the runs it continued)."""
     chain, meta = [], json.loads((model_dir / "streamed.json").read_text())
     while meta is not None:
@@ -267,7 +262,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--curve-every", type=int, default=500, help="score a checkpoint every N steps")
     parser.add_argument("--stop-at-step", type=int, default=None, help="checkpoint and stop at this step (resume later)")
     parser.add_argument("--publish", type=Path, default=None, metavar="MODEL_DIR",
-                        help="evaluate a model folder made by components.training.streamed_pretrain and install it "
+                        help="evaluate a model folder made by recipes.streamed_pretrain and install it "
                              "as the base (no training)")
     parser.add_argument("--notes", type=Path, default=None, help="markdown appended to the model card")
     return parser.parse_args(argv)
@@ -293,14 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     generate_pages(pages_dir, [("tiny", args.pages, PRETRAIN_SEED), ("lines", args.lines_pages, LINES_SEED)])
     generate_pages(held_out_dir, [("tiny", args.eval_pages, HELD_OUT_SEED)])
 
-    from components.training.runtime import ensure_process_env
-
     ensure_process_env()
-    from components.training.trainer import run_training
 
     curriculum_file = work / "curriculum.json"
     if not curriculum_file.exists():  # from which step the lines pages were in the data
-        from components.training.trainer import latest_checkpoint
 
         found = latest_checkpoint(train_dir)
         atomic_write_text(curriculum_file, json.dumps({"lines_from_step": found[1] if found else 0}))
@@ -337,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     lines_from = json.loads(curriculum_file.read_text())["lines_from_step"]
     zero = json.loads(config.path(config.deepspeed).read_text())["zero_optimization"]["stage"]
     made = {
-        "command": "python -m components.training.pretrain " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m recipes.pretrain " + " ".join(argv if argv is not None else sys.argv[1:]),
         "pages": args.pages, "seed": PRETRAIN_SEED, "lines_pages": args.lines_pages, "lines_seed": LINES_SEED,
         "steps": result.final_step, "micro_batch_size": config.train.micro_batch_size,
         "objectives": config.active_objectives, "lr": config.optim.lr, "schedule": config.optim.schedule,

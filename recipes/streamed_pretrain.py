@@ -17,7 +17,7 @@ of time, and a lent GPU machine may have nothing but torch and transformers, so 
   checkpoints every ``--save-every`` seconds and resumes from the last checkpoint.
 
 It writes one model folder per learning rate (``<work-dir>/lr-<lr>/model``) with a
-``streamed.json`` of how it was made; ``python -m components.training.pretrain --publish DIR``
+``streamed.json`` of how it was made; ``python -m recipes.pretrain --publish DIR``
 then evaluates a folder and makes it the shipped base.
 """
 
@@ -41,15 +41,15 @@ import torch
 
 from components.data.pages import atomic_write_text
 from components.data.synthetic import SyntheticConfig, generate_page
-from components.tokenizer import load_tokenizer
 from components.training.config import PROJECT_ROOT, load_train_config
 from components.training.data import Batch, encode_markup
 from components.training.mix import ObjectiveMix
 from components.training.objectives import ar_loss
-from components.training.pretrain import LINES_SEED, PRETRAIN_SEED  # the same seed ranges
 from models.docvlm import DocVLMForConditionalGeneration, page_pixels
 from models.interface import PagePrefix
 from models.loading import new_tiny_model
+from models.tokenizer import load_tokenizer
+from recipes.pretrain import LINES_SEED, PRETRAIN_SEED  # the same seed ranges
 
 VALIDATION_SEED = 95_000_000  # validation loss only; held-out evaluation uses 90M+
 TOKENIZER_DIR = PROJECT_ROOT / "models" / "pretrained" / "docmarkup-base"
@@ -178,7 +178,7 @@ def validation_losses(model, batch: Batch) -> dict[str, float]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m components.training.streamed_pretrain",
+    parser = argparse.ArgumentParser(prog="python -m recipes.streamed_pretrain",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--work-dir", type=Path, default=PROJECT_ROOT / "var" / "pretrain-streamed")
     parser.add_argument("--config", default="configs/train/pretrain.yaml", help="objective mix and optimiser")
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         out = run["dir"] / "model"
         run["model"].eval().to("cpu").float().save_folder(out, tokenizer)
         meta = {
-            "command": "python -m components.training.streamed_pretrain " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "command": "python -m recipes.streamed_pretrain " + " ".join(argv if argv is not None else sys.argv[1:]),
             "lr": run["lr"], "batch": args.batch, "steps": state["step"], "train_seconds": state["seconds"],
             "fresh_batches": feed.fresh, "replayed_batches": feed.replayed, "objectives": config.active_objectives,
             "page_mix": vars(mix_plan), "machine": machine_name(device),

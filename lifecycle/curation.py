@@ -26,12 +26,15 @@ from components.curation.splits import make_splits
 from components.curation.targets import TargetReport, page_with_target
 from components.data.page_store import PREANNOTATED, PageDataset
 from components.data.pages import LayoutElement
+from components.data.pdf import import_images, import_pdfs
 from components.data.synthetic import SyntheticConfig, generate_page
 from components.data.versioning import DataVersion, DataVersioner
+from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
 from components.parsing import ParseSettings, read_pages, resolve_parse
 from components.parsing.assembly import element_content, recognition_category
 from components.pipeline import PipelineConfig
+from components.services.labelstudio import start_label_studio
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +72,6 @@ def ingest_pages(cfg: PipelineConfig) -> dict:
             added, pending = added + len(pending), []
     report = {"synthetic_added": added}
     if cfg.ingest.pdf_dir or cfg.ingest.image_dir:
-        from components.data.pdf import import_images, import_pdfs
-
         if cfg.ingest.pdf_dir:
             report["pdf"] = import_pdfs(cfg.ingest.pdf_dir, cfg.pages_dir, on_error="skip").summary()
         if cfg.ingest.image_dir:
@@ -192,8 +193,6 @@ def label_studio(cfg: PipelineConfig) -> LabelStudioHandle:
             raise ValueError("curation.label_studio.url is set but api_key is not")
         url, api_key = section.url, section.api_key
     else:
-        from components.services.labelstudio import start_label_studio
-
         connection = start_label_studio(section.port)
         url, api_key = connection.url, connection.api_key
     client = connect(url, api_key)
@@ -287,7 +286,6 @@ def mining_parse(cfg: PipelineConfig, model_dir) -> ParseSettings:
 def mine_shard(cfg: PipelineConfig, model_dir, model_version: str, unit: dict) -> dict:
     """C(x) for the training pages of one store shard under the given model (its own journal, so
     shards mine in parallel tasks and each resumes on its own)."""
-    from components.decoding.engine import DecodingEngine
 
     section = cfg.curation.mining
     train = PageDataset(cfg.split_dir("train"))
@@ -306,7 +304,6 @@ def collect_hard_examples(cfg: PipelineConfig, model_dir, shard_reports: list[di
     """Write the hard pages to ``data/hard``; returns a summary and, per hard page, the model's
     greedy markup as the prediction an annotator starts from, with C(x) as its confidence (least
     consistent first in the queue)."""
-    from components.decoding.engine import DecodingEngine
 
     section = cfg.curation.mining
     hard = write_hard_examples(PageDataset(cfg.split_dir("train")), cfg.hard_dir)

@@ -1,8 +1,8 @@
 """Command-line entry of a training stage, the same under every launcher::
 
-    python -m components.training.launch --config configs/train/stage1.yaml           # 1 process
-    torchrun --nproc_per_node 2 -m components.training.launch --config ...           # N local
-    deepspeed --num_accelerators 2 --module components.training.launch --config ...  # DeepSpeed
+    python -m recipes.launch --config configs/train/stage1.yaml           # 1 process
+    torchrun --nproc_per_node 2 -m recipes.launch --config ...           # N local
+    deepspeed --num_accelerators 2 --module recipes.launch --config ...  # DeepSpeed
 
 ``--set key.sub=value`` overrides config entries (YAML values). The config is validated before
 DeepSpeed is imported. Exit status: 0 finished, 3 interrupted after saving a checkpoint (run the
@@ -14,15 +14,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+
+import torch.distributed as dist
 
 from components.data.page_store import PageDataset
 from components.training.config import TrainConfigError, load_train_config
+from components.training.memory import estimate
+from components.training.runtime import ensure_process_env
+from components.training.trainer import run_training
 
 EXIT_INTERRUPTED = 3
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m components.training.launch", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m recipes.launch", description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True, help="training YAML, e.g. configs/train/stage1.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config entry (repeatable), e.g. --set train.steps=100")
@@ -54,18 +60,12 @@ def main(argv: list[str] | None = None) -> int:
               "create or pull the dataset first, or point data.dataset elsewhere with --set", file=sys.stderr)
         return 2
 
-    from components.training.runtime import ensure_process_env
-
     ensure_process_env()
-    from components.training.trainer import run_training
 
     result = run_training(config, stop_at_step=args.stop_at_step)
-    import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_initialized() else 0
     if args.rank_report:
-        from pathlib import Path
-
         report_dir = Path(args.rank_report)
         report_dir.mkdir(parents=True, exist_ok=True)
         (report_dir / f"rank{rank}.json").write_text(json.dumps({
@@ -90,7 +90,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def dry_run(config, gpus_per_node: int, nodes: int) -> int:
     """Parameter count and memory estimate of the configured model and ZeRO stage (config only)."""
-    from components.training.memory import estimate
 
     if config.model.init_from is None:
         print("--dry-run needs model.init_from (a model folder with config.json)", file=sys.stderr)

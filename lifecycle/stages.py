@@ -19,6 +19,7 @@ from typing import Any
 
 from components.pipeline import PipelineConfig, _resolve
 from components.services.process import PROJECT_ROOT
+from components.training.config import load_train_config
 
 PROGRESS_EVERY_S = 20.0
 
@@ -60,7 +61,6 @@ def stage_overrides(cfg: PipelineConfig, stage: str, dataset_dir: Path, init_fro
 def validate_stages(cfg: PipelineConfig) -> None:
     """Load every stage's YAML with the pipeline's overrides now, before any work starts, so a
     typo in the DARL overrides fails in a second instead of after Stage 1 has trained."""
-    from components.training.config import load_train_config
 
     for stage in cfg.training.stages:
         overrides = stage_overrides(cfg, stage, cfg.split_dir("train"), None, None, None)
@@ -70,7 +70,6 @@ def validate_stages(cfg: PipelineConfig) -> None:
 def starting_checkpoint(cfg: PipelineConfig) -> Path | None:
     """The model folder Stage 1 continues (``training.base_model`` or the stage's ``model.init_from``),
     or None when it trains from scratch: what a first challenger is compared with."""
-    from components.training.config import load_train_config
 
     first = next(iter(cfg.training.stages))
     overrides = stage_overrides(cfg, first, cfg.split_dir("train"), None, None, None)
@@ -80,7 +79,7 @@ def starting_checkpoint(cfg: PipelineConfig) -> Path | None:
 
 def launch_command(cfg: PipelineConfig, config_path: Path, overrides: dict[str, Any]) -> list[str]:
     sets = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={_yaml_value(value)}")]
-    module = ["-m", "components.training.launch", "--config", str(config_path), *sets]
+    module = ["-m", "recipes.launch", "--config", str(config_path), *sets]
     section = cfg.training
     n = section.num_processes
     python = sys.executable
