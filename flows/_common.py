@@ -30,11 +30,13 @@ SERVICE_TASK: dict[str, Any] = {**TASK_DEFAULTS, "retries": 3, "retry_delay_seco
 
 
 def resolve(config: str | PipelineConfig, overrides: dict[str, Any] | None = None) -> PipelineConfig:
-    """The validated pipeline config, every training stage's config included."""
+    """The validated pipeline config, every training stage's config included. A config already
+    resolved passes through: a chain resolves once and hands the object to each flow."""
     if isinstance(config, PipelineConfig):
+        if overrides:
+            raise ValueError("overrides apply when a config is resolved; this one already is")
         return config
     cfg = load_pipeline_config(config, overrides)
-
     validate_stages(cfg)
     return cfg
 
@@ -97,14 +99,13 @@ def flow_arguments(description: str | None, default_config: str | None = DEFAULT
     return parser
 
 
-def checked_config(config: str, overrides: dict[str, Any] | None) -> int:
-    """0 when the config (and every stage config) is valid, else 2 after one line on stderr."""
+def checked_config(config: str, overrides: dict[str, Any] | None) -> PipelineConfig | None:
+    """The resolved config, or None after one line on stderr when it (or a stage config) is invalid."""
     try:
-        resolve(config, overrides or None)
+        return resolve(config, overrides or None)
     except config_errors() as exc:
         print(f"config error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    return 0
+        return None
 
 
 def run_flow_cli(flow_fn, description: str | None, argv: list[str] | None = None,
@@ -116,8 +117,9 @@ def run_flow_cli(flow_fn, description: str | None, argv: list[str] | None = None
         extra(parser)
     args = vars(parser.parse_args(argv))
     config, overrides = args.pop("config"), parse_overrides(args.pop("overrides")) or None
-    if checked_config(config, overrides):
+    cfg = checked_config(config, overrides)
+    if cfg is None:
         return 2
-    with project_prefect_server(resolve(config, overrides).execution.prefect_port):
-        flow_fn(config=config, overrides=overrides, **args)
+    with project_prefect_server(cfg.execution.prefect_port):
+        flow_fn(config=cfg, **args)
     return 0

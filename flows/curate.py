@@ -7,6 +7,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task, unmapped
 
 from components.data.page_store import PageDataset
+from components.pipeline import PipelineConfig
 from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve, run_flow_cli, task_runner_for
 from lifecycle import curation
 
@@ -20,7 +21,7 @@ version = task(curation.version_data, name="dvc-version", **TASK_DEFAULTS)
 
 
 @flow(name="curate", log_prints=True)
-def curate_flow(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None) -> dict:
+def curate_flow(config: str | PipelineConfig = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None) -> dict:
     cfg = resolve(config, overrides)
     logger = get_run_logger()
     summary: dict[str, Any] = {"ingest": ingest(cfg)}
@@ -37,10 +38,10 @@ def curate_flow(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None =
     return summary
 
 
-def curate(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None) -> dict:
+def curate(config: str | PipelineConfig = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None) -> dict:
     """Run the flow on the task runner its config asks for (threads, or Dask to scale out)."""
     cfg = resolve(config, overrides)
-    return curate_flow.with_options(task_runner=task_runner_for(cfg))(config, overrides)
+    return curate_flow.with_options(task_runner=task_runner_for(cfg))(cfg)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 
+from components.pipeline import PipelineConfig
 from flows._common import DEFAULT_CONFIG, SERVICE_TASK, resolve, run_flow_cli
 from lifecycle.deployment import ensure_serving, smoke_test
 
@@ -14,7 +15,7 @@ smoke = task(smoke_test, name="triton-smoke-test", **SERVICE_TASK)
 
 
 @flow(name="deploy", log_prints=True)
-def deploy(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None) -> dict:
+def deploy(config: str | PipelineConfig = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None) -> dict:
     cfg = resolve(config, overrides)
     if not cfg.deploy.enabled:
         return {"deployed": False}

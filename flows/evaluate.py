@@ -7,6 +7,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task, unmapped
 
+from components.pipeline import PipelineConfig
 from flows._common import DEFAULT_CONFIG, TASK_DEFAULTS, resolve, run_flow_cli
 from lifecycle.curation import current_data_version
 from lifecycle.evaluation import evaluate_and_register, evaluate_shard, evaluation_units
@@ -16,7 +17,7 @@ evaluate_task = task(evaluate_and_register, name="evaluate-register-gate", **TAS
 
 
 @flow(name="evaluate", log_prints=True)
-def evaluate(model_dir: str, config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None,
+def evaluate(model_dir: str, config: str | PipelineConfig = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None,
              training: dict | None = None) -> dict:
     cfg = resolve(config, overrides)
     data_version = current_data_version(cfg)

@@ -6,6 +6,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 
+from components.pipeline import PipelineConfig
 from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve, run_flow_cli
 from lifecycle.monitoring import check_production_drift, send_low_confidence_to_annotators
 from monitoring.request_log import RequestLog
@@ -15,7 +16,7 @@ feedback = task(send_low_confidence_to_annotators, name="feedback-to-label-studi
 
 
 @flow(name="monitor", log_prints=True)
-def monitor(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None, since: float | None = None) -> dict:
+def monitor(config: str | PipelineConfig = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None, since: float | None = None) -> dict:
     cfg = resolve(config, overrides)
     log = RequestLog(max_image_mb=cfg.monitoring.max_image_mb, image_retention_days=cfg.monitoring.image_retention_days)
     pruned = log.prune_images()

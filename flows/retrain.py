@@ -13,6 +13,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 
+from components.pipeline import PipelineConfig
 from components.registry.mlflow_registry import champion, configure, default_tracking_uri
 from flows._common import (
     DEFAULT_CONFIG,
@@ -38,24 +39,23 @@ compare_modes = task(parse_mode_comparison, name="compare-parse-modes", **TASK_D
 
 
 @flow(name="retrain", log_prints=True)
-def retrain(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None, replay_traffic: bool = False) -> dict:
+def retrain(config: str | PipelineConfig = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None, replay_traffic: bool = False) -> dict:
     """Curate, train every stage, evaluate and gate, deploy the champion, then monitor it."""
-    cfg = resolve(config, overrides)
+    cfg = resolve(config, overrides)  # once: every flow below gets this object
     started = time.time()
-    summary: dict[str, Any] = {"curate": curate(config, overrides)}
-    summary["train"] = train(config, overrides)
-    summary["evaluate"] = evaluate(summary["train"]["model_dir"], config, overrides,
-                                   training={"model_dir": summary["train"]["model_dir"]})
+    summary: dict[str, Any] = {"curate": curate(cfg)}
+    summary["train"] = train(cfg)
+    summary["evaluate"] = evaluate(summary["train"]["model_dir"], cfg, training={"model_dir": summary["train"]["model_dir"]})
     if summary["train"].get("element_model_dir"):  # page vs element mode, the same test pages
         summary["parse_modes"] = compare_modes(cfg, Path(summary["train"]["model_dir"]),
                                                Path(summary["train"]["element_model_dir"]))
     if summary["evaluate"].get("unchanged"):  # no stage kept a change: the served model stays as it is
         get_run_logger().info("%s; nothing deployed", summary["evaluate"]["gate_failures"][0])
     elif cfg.deploy.enabled and (summary["evaluate"]["promoted"] or _has_champion(cfg)):
-        summary["deploy"] = deploy(config, overrides)
+        summary["deploy"] = deploy(cfg)
         if replay_traffic:
             summary["replayed_pages"] = replay(cfg, limit=cfg.monitoring.min_production_pages + 8)
-        summary["monitor"] = monitor(config, overrides, since=started if replay_traffic else None)
+        summary["monitor"] = monitor(cfg, since=started if replay_traffic else None)
     summary["seconds"] = round(time.time() - started, 1)
     get_run_logger().info("retrain finished in %.0fs", summary["seconds"])
     return summary
@@ -170,11 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = args.config or (DEMO_CONFIG if args.demo else DEFAULT_CONFIG)
     overrides = parse_overrides(args.overrides) or None
-    if checked_config(config, overrides):  # every config error before any work, in one message
+    cfg = checked_config(config, overrides)  # every config error before any work, in one message
+    if cfg is None:
         return 2
-    with project_prefect_server(resolve(config, overrides).execution.prefect_port) as prefect_url:
+    with project_prefect_server(cfg.execution.prefect_port) as prefect_url:
         print(f"Prefect UI: {prefect_url.removesuffix('/api')} (this run's flows and tasks)", flush=True)
-        summary = retrain(config, overrides, replay_traffic=args.demo)
+        summary = retrain(cfg, replay_traffic=args.demo)
     summary["prefect_ui"] = prefect_url.removesuffix("/api")
     print(where_things_are(summary))
     return 0

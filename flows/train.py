@@ -8,6 +8,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task, unmapped
 
 from components.data.page_store import PageDataset
+from components.pipeline import PipelineConfig
 from flows._common import DEFAULT_CONFIG, SERVICE_TASK, TASK_DEFAULTS, resolve, run_flow_cli
 from lifecycle import curation
 from lifecycle.stage_check import check_stage
@@ -32,7 +33,7 @@ def _continue_from(cfg, stage: str, input_model, output_model, summary: dict):
 
 
 @flow(name="train", log_prints=True)
-def train(config: str = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None) -> dict:
+def train(config: str | PipelineConfig = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None) -> dict:
     """Every configured stage in order; each stage resumes from its own last checkpoint."""
     cfg = resolve(config, overrides)
     logger = get_run_logger()

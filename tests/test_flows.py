@@ -122,11 +122,16 @@ def test_deploy_section_sets_how_the_triton_models_serve(tmp_path):
 
 
 @pytest.mark.slow
-def test_curate_flow_ingests_preannotates_splits_and_versions(prefect_api, tmp_path):
+def test_curate_flow_ingests_preannotates_splits_and_versions(prefect_api, tmp_path, monkeypatch):
+    import flows._common
     from flows.curate import curate
 
+    loads = []
+    monkeypatch.setattr(flows._common, "load_pipeline_config",
+                        lambda *args: loads.append(args) or load_pipeline_config(*args))
     config = _pipeline_yaml(tmp_path)
     summary = curate(config)
+    assert len(loads) == 1  # the flow and its inner flow share one resolved config
     cfg = load_pipeline_config(config)
     assert summary["ingest"]["synthetic_added"] == 12
     # 12 pages in store shards of 3: the first 4 pages are pre-annotated by one task per shard
@@ -138,7 +143,12 @@ def test_curate_flow_ingests_preannotates_splits_and_versions(prefect_api, tmp_p
     assert sum(summary["splits"][name] for name in ("train", "val", "test")) == 12  # synthetic: none dropped
     assert (cfg.repository / "data.dvc").exists() and summary["data_version"]["files"] > 12
 
-    again = curate(config)  # idempotent: nothing new, same data version
+    resolved = flows._common.resolve(config)
+    with pytest.raises(ValueError, match="already"):
+        flows._common.resolve(resolved, {"name": "other"})
+    loads.clear()
+    again = curate(resolved)  # idempotent: nothing new, same data version
+    assert loads == []  # a resolved config is handed down, never read again
     assert again["ingest"]["synthetic_added"] == 0
     assert sum(s["annotated"] for s in again["preannotation"]) == 0
     assert again["data_version"]["md5"] == summary["data_version"]["md5"]
