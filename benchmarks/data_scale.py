@@ -31,7 +31,8 @@ from PIL import Image
 
 from components.curation.mining import hard_example_ids
 from components.curation.splits import make_splits
-from components.data.page_store import HARD, PageDataset
+from components.data.page_records import HARD
+from components.data.page_store import PageDataset
 from components.data.pages import LayoutElement, Page, atomic_write_text
 
 SHARED_IMAGE = "images/shared.png"  # one image for every record: the benchmark is about records

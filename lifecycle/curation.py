@@ -10,21 +10,18 @@ import logging
 import time
 from dataclasses import dataclass
 
-from components.curation.labelstudio import (
-    LABEL_CONFIGS,
-    PagePrediction,
-    apply_corrections,
-    connect,
-    ensure_project,
-    export_corrections,
-    queue_pages,
-    queued_page_ids,
-)
+from components.curation.labelstudio.api import connect, queued_page_ids
+from components.curation.labelstudio.corrections import apply_corrections, export_corrections
+from components.curation.labelstudio.interface import LABEL_CONFIGS
+from components.curation.labelstudio.predictions import PagePrediction
+from components.curation.labelstudio.project import ensure_project
+from components.curation.labelstudio.queue import queue_pages
 from components.curation.mining import mine_consistency, write_hard_examples
 from components.curation.preannotate import PreAnnotation, make_preannotator, preannotate_dataset
 from components.curation.splits import make_splits
 from components.curation.targets import TargetReport, page_with_target
-from components.data.page_store import PREANNOTATED, PageDataset
+from components.data.page_records import PREANNOTATED
+from components.data.page_store import PageDataset
 from components.data.pages import LayoutElement
 from components.data.pdf import import_images, import_pdfs
 from components.data.synthetic import SyntheticConfig, generate_page

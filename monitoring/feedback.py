@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from components.curation.labelstudio import PagePrediction, QueueResult, queue_pages
+from components.curation.labelstudio.predictions import PagePrediction
+from components.curation.labelstudio.queue import QueueResult, queue_pages
 from components.data.page_store import PageDataset
 from components.data.pages import LayoutElement, Page, load_image
 from monitoring.request_log import RequestLog, ServedPage

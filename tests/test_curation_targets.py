@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from components.curation.labelstudio import PagePrediction
+from components.curation.labelstudio.predictions import PagePrediction
 from components.curation.preannotate import PreAnnotation
 from components.curation.splits import make_splits
 from components.curation.targets import TargetReport, page_with_target
@@ -121,7 +121,7 @@ def test_raising_the_threshold_later_queues_pages_pre_annotated_by_earlier_runs(
     (or switching to a budget) on a later run queues the pages annotated back then, least confident first."""
     import uuid
 
-    from components.curation.labelstudio import connect, queued_page_ids
+    from components.curation.labelstudio.api import connect, queued_page_ids
     from components.pipeline import load_pipeline_config
     from lifecycle.curation import label_studio as project_of
     from lifecycle.curation import preannotated_candidates, queue_for_annotation

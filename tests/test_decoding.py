@@ -15,7 +15,7 @@ from components.data.synthetic import generate_page
 from components.decoding import masks
 from components.decoding.engine import DecodingEngine, special_ids_of
 from components.decoding.ppc import confident_prefix_length
-from components.decoding.types import DecodeParams
+from components.decoding.types import DecodeParams, DecodeStats
 from models import docvlm
 from models.loading import new_tiny_model
 from tests.oracle_model import OracleModel
@@ -402,3 +402,13 @@ def test_unseeded_sampling_draws_the_whole_forward_on_the_device():
     cold = choose_rows(logits, DecodeParams(temperature=1e-4), [None] * 4, banned)
     greedy = choose_rows(logits, DecodeParams(), [None] * 4, banned)
     assert [r[0] for r in cold] == [r[0] for r in greedy]
+
+
+def test_decode_stats_merge_adds_counts_and_times_pages_in_sequence_or_in_one_batch():
+    a = DecodeStats(forward_passes=3, new_tokens=10, seconds=2.0, accepted_lengths=[4, 3, 3], confidence_sum=9.0)
+    b = DecodeStats(forward_passes=2, new_tokens=4, seconds=0.5, accepted_lengths=[2, 2], confidence_sum=2.0)
+    for concurrent, seconds in ((False, 2.5), (True, 2.0)):
+        total = DecodeStats.merge([a, b], concurrent=concurrent)
+        assert (total.forward_passes, total.new_tokens, total.seconds) == (5, 14, seconds)
+        assert total.accepted_lengths == [4, 3, 3, 2, 2] and total.mean_confidence == 11.0 / 14
+    assert a.accepted_lengths == [4, 3, 3]  # the parts are left as they were

@@ -7,7 +7,9 @@ import uuid
 
 import pytest
 
-from components.curation.labelstudio import LABEL_CONFIGS, connect, ensure_project, queued_page_ids
+from components.curation.labelstudio.api import connect, queued_page_ids
+from components.curation.labelstudio.interface import LABEL_CONFIGS
+from components.curation.labelstudio.project import ensure_project
 from components.data.page_store import PageDataset
 from components.data.synthetic import generate_page
 from monitoring.feedback import low_confidence_entries, push_low_confidence_pages

@@ -16,13 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from components.curation.labelstudio import (
-    LABEL_CONFIGS,
-    PagePrediction,
-    connect,
-    ensure_project,
-    queue_pages,
-)
+from components.curation.labelstudio.api import connect
+from components.curation.labelstudio.interface import LABEL_CONFIGS
+from components.curation.labelstudio.predictions import PagePrediction
+from components.curation.labelstudio.project import ensure_project
+from components.curation.labelstudio.queue import queue_pages
 from components.data.page_store import PageDataset
 from components.data.synthetic import SyntheticConfig, generate_dataset
 from components.services.labelstudio import TEST_SERVICE_NAME, load_or_create_credentials

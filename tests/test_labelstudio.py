@@ -11,23 +11,18 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from components.curation.labelstudio import (
+from components.curation.labelstudio.api import LabelStudioUnavailableError, connect
+from components.curation.labelstudio.corrections import apply_corrections, export_corrections
+from components.curation.labelstudio.interface import (
     CURRENT_PREDICTION,
     NEEDS_FIX_VIEW_TITLE,
     ORDER_VIEW_TITLE,
     VALIDATION_META_KEY,
-    LabelStudioUnavailableError,
-    PagePrediction,
-    apply_corrections,
-    connect,
-    display_scale,
-    ensure_project,
-    export_corrections,
-    image_data_uri,
-    queue_pages,
-    validate_markup,
-    view_id,
 )
+from components.curation.labelstudio.markup_check import validate_markup
+from components.curation.labelstudio.predictions import PagePrediction, display_scale, image_data_uri
+from components.curation.labelstudio.project import ensure_project, view_id
+from components.curation.labelstudio.queue import queue_pages
 from components.data.page_store import PageDataset
 from components.data.pages import InvalidPageError
 from components.data.synthetic import generate_dataset
@@ -423,7 +418,8 @@ def test_block_view_round_trip_boxes_to_markup(client, project_title, tmp_path):
     """Block view: the pre-annotation's boxes arrive as labelled rectangles with their text; an
     annotator fixes one box's text, relabels another and moves a box above the rest; on export
     the page markup is rebuilt from the boxes in reading order, headers/footers dropped."""
-    from components.curation.labelstudio import BLOCKS_LABEL_CONFIG, PagePrediction
+    from components.curation.labelstudio.interface import BLOCKS_LABEL_CONFIG
+    from components.curation.labelstudio.predictions import PagePrediction
 
     dataset = generate_dataset(tmp_path / "pages", n_pages=1, seed=11)
     [page] = dataset.pages()
@@ -475,7 +471,7 @@ def test_block_view_round_trip_boxes_to_markup(client, project_title, tmp_path):
 def test_boxes_drawn_on_an_enlarged_page_export_in_page_pixels():
     """Label Studio records the displayed image's size with each box; a small page is displayed
     enlarged, so the task's own page size must win or every box would come back 3x too large."""
-    from components.curation.labelstudio import blocks_from_result
+    from components.curation.labelstudio.predictions import blocks_from_result
 
     value = {"x": 10.0, "y": 20.0, "width": 50.0, "height": 5.0}
     common = {"id": "r1", "to_name": "page", "original_width": 960, "original_height": 1248}

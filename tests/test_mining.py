@@ -225,7 +225,8 @@ def test_splits_never_move_a_page_and_keep_documents_together(tmp_path):
 
 
 def test_a_hard_element_is_marked_on_its_label_studio_region():
-    from components.curation.labelstudio import LAYOUT_FIELD, PagePrediction, block_regions
+    from components.curation.labelstudio.interface import LAYOUT_FIELD
+    from components.curation.labelstudio.predictions import PagePrediction, block_regions
     from components.data.pages import LayoutElement, Page
 
     page = Page("p", "p.png", 100, 200)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from components.data.page_store import HARD, NOT_PREANNOTATED, PageDataset, migrate_jsonl
+from components.data.page_records import HARD, NOT_PREANNOTATED
+from components.data.page_store import PageDataset, migrate_jsonl
 from components.data.pages import LayoutElement, Page
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -33,7 +33,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from components.curation.storage import Journal, write_subset
-from components.data.page_store import HARD, PageDataset
+from components.data.page_records import HARD
+from components.data.page_store import PageDataset
 from components.data.pages import InvalidPageError, Page
 from components.decoding.types import DecodeParams
 from components.metrics.consistency import CONSISTENCY_KINDS, pairwise_consistency

@@ -31,7 +31,6 @@ write's cost stays bounded by ``shard_rows``, whatever the size of the store.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -51,11 +50,18 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from PIL import Image
 
+from components.data.id_index import (
+    generation_token,
+    indexed_generation,
+    locate,
+    open_id_index,
+    rebuild_id_index,
+)
+from components.data.page_records import RECORD_COLUMNS, SCHEMA, page_columns, pages_from_table
 from components.data.pages import (
     IMAGES_DIR,
     LEGACY_MANIFEST,
     InvalidPageError,
-    LayoutElement,
     Page,
     atomic_write_text,
     load_image,
@@ -73,29 +79,6 @@ DEFAULT_SHARD_ROWS = 10_000
 ROW_GROUP_ROWS = 1_024
 FORMAT_VERSION = 1
 
-SCHEMA = pa.schema([
-    ("page_id", pa.string()),
-    ("ord", pa.int64()),  # order of first appearance: pages() lists pages in it
-    ("image", pa.string()),
-    ("width", pa.int32()),
-    ("height", pa.int32()),
-    ("source", pa.string()),
-    ("elements", pa.string()),  # JSON list of {category, bbox, content}
-    ("meta", pa.string()),  # JSON object
-    ("markup_override", pa.string()),
-    # Curation state promoted out of ``meta`` so that filtered scans read one small column.
-    ("hard", pa.bool_()),
-    ("consistency", pa.float64()),
-    ("preannotated", pa.bool_()),
-    ("confidence", pa.float64()),  # the pre-annotation's page confidence
-])
-RECORD_COLUMNS = ["page_id", "ord", "image", "width", "height", "source", "elements", "meta", "markup_override"]
-
-# Filters for :meth:`PageDataset.scan` / :meth:`PageDataset.iter_pages`.
-HARD = pc.field("hard")
-NOT_PREANNOTATED = ~pc.field("preannotated")
-PREANNOTATED = pc.field("preannotated")
-
 _THREAD_LOCKS: dict[Path, threading.Lock] = {}
 _THREAD_LOCKS_GUARD = threading.Lock()
 _HELD = threading.local()  # stores whose writer lock this thread holds
@@ -111,50 +94,6 @@ class ShardInfo:
     @property
     def live(self) -> int:
         return self.rows - self.dead
-
-
-def _page_columns(pages: list[Page], ords: list[int]) -> pa.Table:
-    """Page records as one Arrow table in :data:`SCHEMA`."""
-    metas = [page.meta for page in pages]
-    preannotations = [meta.get("preannotation") if isinstance(meta.get("preannotation"), dict) else None
-                      for meta in metas]
-
-    def number(value) -> float | None:
-        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-    columns = {
-        "page_id": [page.page_id for page in pages],
-        "ord": ords,
-        "image": [page.image for page in pages],
-        "width": [page.width for page in pages],
-        "height": [page.height for page in pages],
-        "source": [page.source for page in pages],
-        "elements": [json.dumps([{"category": e.category, "bbox": list(e.bbox), "content": e.content}
-                                 for e in page.elements], ensure_ascii=False) for page in pages],
-        "meta": [json.dumps(meta, ensure_ascii=False) for meta in metas],
-        "markup_override": [page.markup_override for page in pages],
-        "hard": [bool(meta.get("hard")) for meta in metas],
-        "consistency": [number(meta.get("consistency")) for meta in metas],
-        "preannotated": [record is not None for record in preannotations],
-        "confidence": [number(record.get("confidence")) if record else None for record in preannotations],
-    }
-    return pa.table(columns, schema=SCHEMA)
-
-
-def pages_from_table(table: pa.Table) -> list[Page]:
-    """Arrow rows (at least :data:`RECORD_COLUMNS`) back into :class:`Page` objects."""
-    rows = table.select(RECORD_COLUMNS).to_pylist()
-    pages = []
-    for row in rows:
-        try:
-            elements = [LayoutElement(e["category"], tuple(e["bbox"]), e.get("content", ""))
-                        for e in json.loads(row["elements"])]
-            pages.append(Page(page_id=row["page_id"], image=row["image"], width=row["width"], height=row["height"],
-                              elements=elements, source=row["source"], meta=json.loads(row["meta"]),
-                              markup_override=row["markup_override"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidPageError(f"malformed page record {row.get('page_id', '?')!r}: {exc}") from exc
-    return pages
 
 
 class PageDataset:
@@ -182,7 +121,7 @@ class PageDataset:
     def _require(self) -> dict:
         if not self.exists():
             hint = (f"; it holds a legacy {LEGACY_MANIFEST}: convert it with "
-                    f"`python -m components.data.page_store migrate {self.root}`"
+                    f"`python -m recipes.page_store migrate {self.root}`"
                     if (self.root / LEGACY_MANIFEST).exists() else "")
             raise FileNotFoundError(f"no page store at {self.root} (missing {SHARDS_DIR}/{INDEX_NAME}){hint}")
         return self._read_index()
@@ -217,52 +156,16 @@ class PageDataset:
         """A connection to the id index. If it reflects neither ``index`` nor the current index file
         (a crash between the two commits, a ``dvc checkout``, a copied folder), it is rebuilt
         from the shards under the writer lock; a reader with an older snapshot reads it as it is."""
-        path = self.shards_dir / ID_INDEX_NAME
-        path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(path, timeout=60)
+        db = open_id_index(self.shards_dir / ID_INDEX_NAME)
         try:
-            db.execute("CREATE TABLE IF NOT EXISTS ids (page_id TEXT PRIMARY KEY, shard TEXT NOT NULL, "
-                       "row INTEGER NOT NULL, ord INTEGER NOT NULL) WITHOUT ROWID")
-            db.execute("CREATE INDEX IF NOT EXISTS ids_by_shard ON ids (shard)")
-            db.execute("CREATE INDEX IF NOT EXISTS ids_by_ord ON ids (ord)")
-            db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT)")
-            db.commit()
-            if self._indexed_generation(db) not in (self._generation_token(index), self._generation_token(self._read_index())):
+            if indexed_generation(db) not in (generation_token(index), generation_token(self._read_index())):
                 with self._writer():
                     current = self._read_index()
-                    if self._indexed_generation(db) != self._generation_token(current):
-                        self._rebuild_id_index(db, current)
+                    if indexed_generation(db) != generation_token(current):
+                        rebuild_id_index(db, current, self._shard_path)
             yield db
         finally:
             db.close()
-
-    @staticmethod
-    def _indexed_generation(db: sqlite3.Connection) -> str | None:
-        found = db.execute("SELECT value FROM state WHERE key = 'generation'").fetchone()
-        return found[0] if found else None
-
-    @staticmethod
-    def _generation_token(index: dict) -> str:
-        return f"{index['generation']}:{index.get('token', '')}"
-
-    def _rebuild_id_index(self, db: sqlite3.Connection, index: dict) -> None:
-        with db:
-            db.execute("DELETE FROM ids")
-            for shard in index["shards"]:  # oldest first: a newer version replaces an older one
-                table = pq.read_table(self._shard_path(shard["name"]), columns=["page_id", "ord"])
-                ids, ords = table.column("page_id").to_pylist(), table.column("ord").to_pylist()
-                db.executemany("INSERT OR REPLACE INTO ids VALUES (?, ?, ?, ?)",
-                               ((pid, shard["name"], row, o) for row, (pid, o) in enumerate(zip(ids, ords, strict=True))))
-            db.execute("INSERT OR REPLACE INTO state VALUES ('generation', ?)", (self._generation_token(index),))
-
-    def _locate(self, db: sqlite3.Connection, page_ids: list[str]) -> dict[str, tuple[str, int, int]]:
-        found: dict[str, tuple[str, int, int]] = {}
-        for start in range(0, len(page_ids), 900):  # under SQLite's bound-parameter limit
-            chunk = page_ids[start : start + 900]
-            marks = ",".join("?" * len(chunk))
-            for pid, shard, row, order in db.execute(f"SELECT page_id, shard, row, ord FROM ids WHERE page_id IN ({marks})", chunk):
-                found[pid] = (shard, row, order)
-        return found
 
     # ----- reading ---------------------------------------------------------------------------
     def get(self, page_id: str) -> Page | None:
@@ -278,7 +181,7 @@ class PageDataset:
             return {}
         index = self._read_index()
         with self._id_index(index) as db:
-            located = self._locate(db, wanted)
+            located = locate(db, wanted)
         by_group: dict[tuple[str, int], list[int]] = {}
         for shard, row, _ in located.values():
             by_group.setdefault((shard, row // ROW_GROUP_ROWS), []).append(row % ROW_GROUP_ROWS)
@@ -374,7 +277,7 @@ class PageDataset:
             return {}
         index = self._read_index()
         with self._id_index(index) as db:
-            return {pid: shard for pid, (shard, _, _) in self._locate(db, list(page_ids)).items()}
+            return {pid: shard for pid, (shard, _, _) in locate(db, list(page_ids)).items()}
 
     def pages(self) -> list[Page]:
         """Every page in order of first appearance. Holds the whole store in memory: for small
@@ -475,7 +378,7 @@ class PageDataset:
         atomic_write_text(self.index_path, json.dumps(index, indent=1) + "\n")
         with db:  # a crash before this commit only costs a rebuild (the generation differs)
             db.executemany("INSERT OR REPLACE INTO ids VALUES (?, ?, ?, ?)", id_rows)
-            db.execute("INSERT OR REPLACE INTO state VALUES ('generation', ?)", (self._generation_token(index),))
+            db.execute("INSERT OR REPLACE INTO state VALUES ('generation', ?)", (generation_token(index),))
         self._collect_garbage({s.name for s in shards})
 
     def _collect_garbage(self, live: set[str]) -> None:
@@ -512,7 +415,7 @@ class PageDataset:
                 def flush() -> None:
                     nonlocal seq, count
                     ords = list(range(count, count + len(buffer)))
-                    shard = self._write_shard(seq, _page_columns(buffer, ords))
+                    shard = self._write_shard(seq, page_columns(buffer, ords))
                     try:
                         db.executemany("INSERT INTO ids VALUES (?, ?, ?, ?)", (
                             (p.page_id, shard.name, row, o) for row, (p, o) in enumerate(zip(buffer, ords, strict=True))))
@@ -550,7 +453,7 @@ class PageDataset:
         with self._writer():
             index = self._read_index()
             with self._id_index(index) as db:
-                located = self._locate(db, list(batch))
+                located = locate(db, list(batch))
                 dead: dict[str, int] = {}
                 for shard, _, _ in located.values():
                     dead[shard] = dead.get(shard, 0) + 1
@@ -566,7 +469,7 @@ class PageDataset:
                         else:
                             ords.append(next_ord)
                             next_ord += 1
-                    shard = self._write_shard(seq, _page_columns(chunk, ords))
+                    shard = self._write_shard(seq, page_columns(chunk, ords))
                     seq += 1
                     shards.append(shard)
                     id_rows += [(p.page_id, shard.name, row, o) for row, (p, o) in enumerate(zip(chunk, ords, strict=True))]
@@ -658,36 +561,3 @@ def migrate_jsonl(root: str | os.PathLike, *, shard_rows: int | None = None, kee
     if not keep:
         os.replace(manifest, manifest.with_name(LEGACY_MANIFEST + ".migrated"))
     return len(store)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m components.data.page_store", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    migrate = sub.add_parser("migrate", help="convert pages.jsonl folders into page stores")
-    migrate.add_argument("folders", nargs="+", type=Path)
-    migrate.add_argument("--keep", action="store_true", help="leave pages.jsonl in place")
-    export = sub.add_parser("export", help="write a store as JSON lines")
-    export.add_argument("folder", type=Path)
-    export.add_argument("out", type=Path)
-    info = sub.add_parser("info", help="shards, rows and dead rows of a store")
-    info.add_argument("folder", type=Path)
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "migrate":
-            for folder in args.folders:
-                print(f"{folder}: {migrate_jsonl(folder, keep=args.keep)} pages migrated")
-        elif args.command == "export":
-            print(f"{PageDataset(args.folder).export_jsonl(args.out)} pages written to {args.out}")
-        else:
-            store = PageDataset(args.folder)
-            shards = store.shards()
-            print(f"{args.folder}: {len(store)} pages in {len(shards)} shards "
-                  f"({sum(s.dead for s in shards)} dead rows)")
-    except (FileNotFoundError, FileExistsError, InvalidPageError) as exc:
-        print(f"error: {exc}")
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -177,11 +177,4 @@ class DecodingEngine:
 
 def decode_stats_summary(results: list[DecodeResult]) -> DecodeStats:
     """Pool the speed accounting of many pages (forwards and tokens add up, time too)."""
-    total = DecodeStats()
-    for result in results:
-        total.forward_passes += result.stats.forward_passes
-        total.new_tokens += result.stats.new_tokens
-        total.seconds += result.stats.seconds
-        total.accepted_lengths.extend(result.stats.accepted_lengths)
-        total.confidence_sum += result.stats.confidence_sum
-    return total
+    return DecodeStats.merge((result.stats for result in results), concurrent=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -70,6 +71,20 @@ class DecodeStats:
     @property
     def mean_confidence(self) -> float:
         return self.confidence_sum / self.new_tokens if self.new_tokens else 0.0
+
+    @classmethod
+    def merge(cls, parts: Iterable[DecodeStats], *, concurrent: bool) -> DecodeStats:
+        """Pool the accounting of several decodes: forwards, tokens, acceptances and confidence add
+        up; the seconds add up for decodes that ran one after another, and are the longest one's
+        for decodes that ran together in one batch (``concurrent``: a page's elements or pieces)."""
+        total = cls()
+        for part in parts:
+            total.forward_passes += part.forward_passes
+            total.new_tokens += part.new_tokens
+            total.accepted_lengths.extend(part.accepted_lengths)
+            total.confidence_sum += part.confidence_sum
+            total.seconds = max(total.seconds, part.seconds) if concurrent else total.seconds + part.seconds
+        return total
 
     def acceptance_histogram(self) -> dict[int, int]:
         return dict(sorted(Counter(self.accepted_lengths).items()))

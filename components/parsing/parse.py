@@ -115,14 +115,7 @@ class PageParse:
     @property
     def stats(self) -> DecodeStats:
         """The page's elements pooled (forwards and tokens add up; seconds is the batch's wall time)."""
-        total = DecodeStats()
-        for element in self.decoded:
-            total.forward_passes += element.stats.forward_passes
-            total.new_tokens += element.stats.new_tokens
-            total.accepted_lengths.extend(element.stats.accepted_lengths)
-            total.confidence_sum += element.stats.confidence_sum
-            total.seconds = max(total.seconds, element.stats.seconds)
-        return total
+        return DecodeStats.merge((element.stats for element in self.decoded), concurrent=True)
 
     @property
     def confidence(self) -> float:

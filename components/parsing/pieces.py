@@ -53,13 +53,7 @@ def merge_results(results: list[DecodeResult], join: str) -> DecodeResult:
     """One element's result from its pieces' (a single piece comes back unchanged)."""
     if len(results) == 1:
         return results[0]
-    stats = DecodeStats()
-    for result in results:
-        stats.forward_passes += result.stats.forward_passes
-        stats.new_tokens += result.stats.new_tokens
-        stats.accepted_lengths.extend(result.stats.accepted_lengths)
-        stats.confidence_sum += result.stats.confidence_sum
-        stats.seconds = max(stats.seconds, result.stats.seconds)  # the pieces decode in one batch
+    stats = DecodeStats.merge((result.stats for result in results), concurrent=True)  # the pieces decode in one batch
     # Lines keep their leading spaces where they are code (a piece's first line may be indented).
     texts = [r.text.strip("\n") if join == "\n" else r.text.strip() for r in results]
     return DecodeResult(
