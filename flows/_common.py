@@ -57,7 +57,6 @@ def task_runner_for(cfg: PipelineConfig):
             return DaskTaskRunner(address=cfg.execution.dask_address)
         return DaskTaskRunner(cluster_kwargs={"n_workers": cfg.execution.workers, "threads_per_worker": 1,
                                               "processes": True, "dashboard_address": None})
-
     return ThreadPoolTaskRunner(max_workers=cfg.execution.workers)
 
 

@@ -14,11 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from components.registry.mlflow_registry import default_tracking_uri
 from components.services.labelstudio import label_studio_service, start_label_studio, stop_label_studio
 from components.services.process import LOOPBACK, ManagedService, ServiceError
 from components.services.tracking import mlflow_service, prefect_service
-from deploy.triton.server import DEFAULT_SERVICE_NAME, TRITON_VAR, TritonPorts, start_triton, triton_server
 
 SERVICES = ("labelstudio", "triton", "mlflow", "prefect")
 PORTS = {"labelstudio": 8089, "triton": 8000, "mlflow": 5000, "prefect": 4200}
@@ -28,10 +26,12 @@ def _service(name: str) -> ManagedService:
     if name == "labelstudio":
         return label_studio_service(PORTS[name])
     if name == "triton":
+        # deferred: the Triton launcher takes seconds to import; only the triton service needs it
+        from deploy.triton.server import DEFAULT_SERVICE_NAME
+
         return ManagedService(DEFAULT_SERVICE_NAME, command=[], health=lambda: False)
     if name == "mlflow":
         return mlflow_service(PORTS[name])
-
     return prefect_service(PORTS[name])
 
 
@@ -43,6 +43,10 @@ def start(name: str) -> str:
         connection = start_label_studio(PORTS[name])
         return f"Label Studio {connection.url} (API token and login in var/services/labelstudio/credentials.json)"
     if name == "triton":
+        # deferred: the Triton launcher and MLflow take seconds to import; only the triton service needs them
+        from components.registry.mlflow_registry import default_tracking_uri
+        from deploy.triton.server import TritonPorts, start_triton
+
         server = start_triton(ports=TritonPorts(PORTS["triton"], PORTS["triton"] + 1, PORTS["triton"] + 2), tracking_uri=default_tracking_uri())
         return f"Triton http {server.http_url} grpc {server.grpc_url} metrics {server.metrics_url} (models:/docmarkup@champion)"
     _service(name).start()
@@ -51,6 +55,9 @@ def start(name: str) -> str:
 
 def stop(name: str) -> bool:
     if name == "triton":
+        # deferred: the Triton launcher takes seconds to import; only the triton service needs it
+        from deploy.triton.server import DEFAULT_SERVICE_NAME, TRITON_VAR, TritonPorts, triton_server
+
         repository = TRITON_VAR / DEFAULT_SERVICE_NAME / "model_repository"
         if not repository.is_dir():
             return False

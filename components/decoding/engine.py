@@ -25,7 +25,7 @@ from PIL import Image
 from transformers import PreTrainedTokenizerFast
 
 from components.decoding.ar import AutoregressiveStrategy
-from components.decoding.batch import DecodeBatch, check_images
+from components.decoding.batch import DecodeBatch
 from components.decoding.block_diffusion import BlockDiffusionStrategy
 from components.decoding.fixed_step import FixedShapeStep
 from components.decoding.ppc import PrefixCommitmentStrategy
@@ -158,8 +158,8 @@ class DecodingEngine:
         self, images: list[Image.Image], params: DecodeParams, rows: dict[int, RowState],
         cancelled: Callable[[int], bool] | None = None, prompts: list[str | None] | None = None,
     ) -> Iterator[CommitEvent]:
-        """A closed batch: every page admitted at once, stepped until the last row leaves."""
-        check_images(images)
+        """A closed batch: every page admitted at once, stepped until the last row leaves (the
+        batch's prefill checks the images)."""
         started = time.perf_counter()
         batch = self.new_batch(params)
         seeds = [None if params.seed is None else params.seed + i for i in range(len(images))]

@@ -41,7 +41,7 @@ class QueueFullError(RuntimeError):
 
 
 class DeadlineExceededError(TimeoutError):
-    """The page's own time limit (``submit(deadline=...)``) passed before it was decoded."""
+    """The page's own time limit (``submit(timeout_s=...)``) passed before it was decoded."""
 
 
 @dataclass
