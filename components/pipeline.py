@@ -83,8 +83,18 @@ class CurationSection(_Strict):
 
 
 class StageSection(_Strict):
+    """One training stage. Stages run in the order the config declares them; each continues the
+    chain's model so far (the first: the base model), unless it trains ``beside_chain``."""
+
     config: str
     overrides: dict[str, Any] = Field(default_factory=dict)
+    # Mine the chain's model so far on the training split first (consistency mining, the hard pages
+    # queued to Label Studio and versioned), and train on those hard pages beside the split.
+    # None: on for a stage named stage2, the shipped chain's hard-example stage.
+    hard_examples: bool | None = None
+    # Train from the chain's start, beside it, and do not continue from it (an element model trained
+    # beside a page model, compared with it). None: on for a stage named elements.
+    beside_chain: bool | None = None
 
 
 class TrainingSection(_Strict):
@@ -118,13 +128,18 @@ class TrainingSection(_Strict):
 
     @field_validator("stages")
     @classmethod
-    def _known_stages(cls, stages: dict[str, StageSection]) -> dict[str, StageSection]:
-        unknown = set(stages) - {"stage1", "stage2", "darl", "elements"}
-        if unknown:
-            raise ValueError(f"unknown training stage(s) {sorted(unknown)}; stages are stage1, stage2, darl, elements "
-                             "(an element-mode model trained beside the chain from the same start)")
-        if "stage1" not in stages:
-            raise ValueError("training needs at least stage1")
+    def _declared_stages(cls, stages: dict[str, StageSection]) -> dict[str, StageSection]:
+        if not stages:
+            raise ValueError("training needs at least one stage")
+        for name, section in stages.items():
+            if section.hard_examples is None:
+                section.hard_examples = name == "stage2"
+            if section.beside_chain is None:
+                section.beside_chain = name == "elements"
+        first = next(iter(stages))
+        if stages[first].beside_chain or stages[first].hard_examples:
+            raise ValueError(f"the first stage ({first}) starts the chain: it can neither train beside it nor "
+                             "mine the chain's model before it")
         return stages
 
 

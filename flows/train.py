@@ -34,46 +34,42 @@ def _continue_from(cfg, stage: str, input_model, output_model, summary: dict):
 
 @flow(name="train", log_prints=True)
 def train(config: str | PipelineConfig = DEFAULT_CONFIG, overrides: dict[str, Any] | None = None) -> dict:
-    """Every configured stage in order; each stage resumes from its own last checkpoint."""
+    """The configured stages in their declared order; each resumes from its own last checkpoint.
+    A stage continues the chain's model so far; one with ``hard_examples`` first mines that model
+    on the training split; one ``beside_chain`` trains from the start and is not continued."""
     cfg = resolve(config, overrides)
     logger = get_run_logger()
     train_dir = cfg.split_dir("train")
     if not PageDataset(train_dir).exists():
         raise FileNotFoundError(f"no training split at {train_dir}; run the curate flow first")
     data_version = curation.current_data_version(cfg)
-    summary: dict[str, Any] = {"data_version": data_version.to_json() if data_version else None}
-    md5 = data_version.md5 if data_version else None
-
-    result = stage_task(cfg, "stage1", dataset_dir=train_dir, data_version=md5)
-    summary["stage1"] = result.summary
-    summary["start_model"] = str(starting_checkpoint(cfg) or "")
-    model_dir = _continue_from(cfg, "stage1", starting_checkpoint(cfg), result.model_dir, summary)
-
-    if "stage2" in cfg.training.stages:
-        units = curation.mining_units(cfg)  # one per shard of the training split's store
-        mined = mine_shard.map(unmapped(cfg), unmapped(model_dir), unmapped(f"stage1:{model_dir}"), units).result()
-        summary["mining"], hard_predictions = collect_hard(cfg, model_dir, mined)
-        if cfg.curation.label_studio.enabled and hard_predictions:
-            summary["hard_queue"] = queue(cfg, PageDataset(cfg.hard_dir), hard_predictions, "stage1-consistency")
-        data_version = version(cfg, "train: consistency scores and hard examples")
-        summary["data_version"] = data_version.to_json()
-        hard_dir = cfg.hard_dir if len(PageDataset(cfg.hard_dir)) else None
-        result = stage_task(cfg, "stage2", dataset_dir=train_dir, init_from=model_dir, hard_dir=hard_dir,
-                            data_version=data_version.md5)
-        summary["stage2"] = result.summary
-        model_dir = _continue_from(cfg, "stage2", model_dir, result.model_dir, summary)
-
-    if "darl" in cfg.training.stages:
-        result = stage_task(cfg, "darl", dataset_dir=train_dir, init_from=model_dir, data_version=data_version and data_version.md5)
-        summary["darl"] = result.summary
-        model_dir = _continue_from(cfg, "darl", model_dir, result.model_dir, summary)
-
-    if "elements" in cfg.training.stages:  # beside the chain: an element model from the same start
-        result = stage_task(cfg, "elements", dataset_dir=train_dir, data_version=data_version and data_version.md5)
-        summary["elements"] = result.summary
-        summary["element_model_dir"] = str(result.model_dir)
-    summary["model_dir"] = str(model_dir)
     start = starting_checkpoint(cfg)
+    summary: dict[str, Any] = {"data_version": data_version.to_json() if data_version else None,
+                               "start_model": str(start or "")}
+    model_dir, last = None, None  # the chain's model so far, and the stage that made it
+    for stage, section in cfg.training.stages.items():
+        md5 = data_version.md5 if data_version else None
+        if section.beside_chain:
+            result = stage_task(cfg, stage, dataset_dir=train_dir, data_version=md5)
+            summary[stage] = result.summary
+            summary["element_model_dir"] = str(result.model_dir)
+            continue
+        hard_dir = None
+        if section.hard_examples:
+            units = curation.mining_units(cfg)  # one per shard of the training split's store
+            mined = mine_shard.map(unmapped(cfg), unmapped(model_dir), unmapped(f"{last}:{model_dir}"),
+                                   units).result()
+            summary["mining"], hard_predictions = collect_hard(cfg, model_dir, mined)
+            if cfg.curation.label_studio.enabled and hard_predictions:
+                summary["hard_queue"] = queue(cfg, PageDataset(cfg.hard_dir), hard_predictions, f"{last}-consistency")
+            data_version = version(cfg, "train: consistency scores and hard examples")
+            summary["data_version"] = data_version.to_json()
+            md5 = data_version.md5
+            hard_dir = cfg.hard_dir if len(PageDataset(cfg.hard_dir)) else None
+        result = stage_task(cfg, stage, dataset_dir=train_dir, init_from=model_dir, hard_dir=hard_dir, data_version=md5)
+        summary[stage] = result.summary
+        model_dir, last = _continue_from(cfg, stage, model_dir or start, result.model_dir, summary), stage
+    summary["model_dir"] = str(model_dir)
     summary["changed"] = start is None or Path(model_dir).resolve() != Path(start).resolve()
     if summary["changed"]:
         logger.info("training done: model %s", model_dir)

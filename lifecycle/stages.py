@@ -43,7 +43,8 @@ def stage_overrides(cfg: PipelineConfig, stage: str, dataset_dir: Path, init_fro
         "output_dir": str(cfg.run_dir / "train" / stage),
         "data.dataset": str(dataset_dir),
     }
-    if init_from is None and stage in ("stage1", "elements") and cfg.training.base_model:
+    starts_from_base = stage == next(iter(cfg.training.stages)) or cfg.training.stages[stage].beside_chain
+    if init_from is None and starts_from_base and cfg.training.base_model:
         init_from = _resolve(cfg.training.base_model)
         overrides["model.bootstrap"] = None
     if init_from is not None:

@@ -39,16 +39,42 @@ def _pipeline_yaml(tmp_path, **sections) -> str:
     return str(path)
 
 
-def test_pipeline_config_rejects_unknown_keys_and_stages(tmp_path):
+def test_pipeline_config_rejects_unknown_keys_and_a_first_stage_that_cannot_start_the_chain(tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({"training": {"stages": {"stage1": {"config": "x"}, "stage9": {"config": "y"}}}}))
-    with pytest.raises(PipelineConfigError, match="unknown training stage"):
+    path.write_text(yaml.safe_dump({"training": {"stages": {"warmup": {"config": "x", "hard_examples": True}}}}))
+    with pytest.raises(PipelineConfigError, match="starts the chain"):
+        load_pipeline_config(path)
+    path.write_text(yaml.safe_dump({"training": {"stages": {"stage1": {"config": "x", "hard_example": True}}}}))
+    with pytest.raises(PipelineConfigError, match="hard_example"):
         load_pipeline_config(path)
     path.write_text(yaml.safe_dump({"training": {"stages": {"stage1": {"config": "x"}}}, "evalution": {}}))
     with pytest.raises(PipelineConfigError, match="evalution"):
         load_pipeline_config(path)
     with pytest.raises(PipelineConfigError, match="does not exist"):
         load_pipeline_config(tmp_path / "missing.yaml")
+
+
+def test_the_chain_follows_the_stages_the_config_declares(tmp_path):
+    """Stage names are the team's: what a stage does is declared (mine first, train beside the
+    chain); the shipped names keep their roles as defaults."""
+    from lifecycle.stages import stage_overrides
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump({"name": "own", "training": {"base_model": "var/models/mine", "stages": {
+        "warmup": {"config": "configs/train/stage1.yaml"},
+        "hard-pages": {"config": "configs/train/stage2.yaml", "hard_examples": True},
+        "element-model": {"config": "configs/train/stage1.yaml", "beside_chain": True},
+        "stage2": {"config": "configs/train/stage2.yaml"}, "elements": {"config": "configs/train/stage1.yaml"}}}},
+        sort_keys=False))
+    stages = load_pipeline_config(path).training.stages
+    assert list(stages) == ["warmup", "hard-pages", "element-model", "stage2", "elements"]
+    assert [s.hard_examples for s in stages.values()] == [False, True, False, True, False]
+    assert [s.beside_chain for s in stages.values()] == [False, False, True, False, True]
+    cfg = load_pipeline_config(path)
+    base = str(Path("var/models/mine").resolve())
+    start = {stage: stage_overrides(cfg, stage, tmp_path, None, None, None).get("model.init_from")
+             for stage in ("warmup", "hard-pages", "element-model")}
+    assert start == {"warmup": base, "hard-pages": None, "element-model": base}  # the chain's stages get theirs handed
 
 
 def test_the_pipeline_names_the_base_model_stage1_continues(tmp_path):
