@@ -40,6 +40,39 @@ class PagePrefix:
         return self.embeds.shape[1]
 
 
+@dataclass(frozen=True)
+class ModelCapabilities:
+    """What a model declares about how it reads, read once by the decoding engine: parsing,
+    evaluation and serving ask the engine (``engine.capabilities``), never the model itself.
+
+    A model states them as attributes (the defaults here are a whole-page markup model's):
+    ``takes_task_prompts``, ``writes_markup``, ``reads_text_lines``, ``reading_pieces(crop)``,
+    ``max_positions``, ``num_prefix_tokens`` and ``config.model_type`` (its family)."""
+
+    family: str = ""  # config.model_type: picks the task-prompt style of a two-stage parse
+    takes_task_prompts: bool = False  # an element crop is decoded after its category's task prompt
+    writes_markup: bool = True  # False: it writes an element's bare text; the layout's category gives its form
+    reads_text_lines: bool = False  # it reads single detected text lines (the page front end's line crops)
+    reads_in_pieces: bool = False  # it splits a long crop into pieces its trained prefix holds (reading_pieces)
+    max_positions: int = 1 << 30
+    prefix_length: int = 0  # a fixed image-prefix length (0: it depends on the image, as in HF VLMs)
+
+
+def capabilities_of(model: object | None) -> ModelCapabilities:
+    """The capabilities a model declares (the defaults for one that declares none, or no model)."""
+    if model is None:
+        return ModelCapabilities()
+    return ModelCapabilities(
+        family=str(getattr(getattr(model, "config", None), "model_type", "") or ""),
+        takes_task_prompts=bool(getattr(model, "takes_task_prompts", False)),
+        writes_markup=bool(getattr(model, "writes_markup", True)),
+        reads_text_lines=bool(getattr(model, "reads_text_lines", False)),
+        reads_in_pieces=callable(getattr(model, "reading_pieces", None)),
+        max_positions=int(getattr(model, "max_positions", 1 << 30)),
+        prefix_length=int(getattr(model, "num_prefix_tokens", 0) or 0),
+    )
+
+
 # The CPU-side page inputs a preprocessor makes (a tensor, or a processor's BatchFeature): both
 # move with ``.to(device)``; built in DataLoader workers, consumed by ``encode_pages``.
 PageInputs = Any

@@ -192,7 +192,7 @@ class MarkupChatServer:
             if result.parse is not None:
                 choice["elements"] = result.parse.as_dict()["elements"]
             choices.append(choice)
-        prompt_tokens = int(getattr(self.engine.model, "num_prefix_tokens", 0) or 0)
+        prompt_tokens = self.engine.prefix_length
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": self.model_name, "choices": choices,

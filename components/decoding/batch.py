@@ -89,7 +89,7 @@ class DecodeBatch:
         if prompts is not None:
             if len(prompts) != len(images):
                 raise ValueError(f"{len(prompts)} task prompts for {len(images)} images")
-            if not getattr(model, "takes_task_prompts", False):
+            if not self.engine.capabilities.takes_task_prompts:
                 raise ValueError("this model takes no task prompts (it reads an element from its crop alone)")
             _, cache = model.prefill(images, empty_prompt, prompts=prompts)
         else:

@@ -32,7 +32,7 @@ from components.decoding.ppc import PrefixCommitmentStrategy
 from components.decoding.sdb import SlidingDiffusionBlockStrategy
 from components.decoding.strategy import SpecialIds, Strategy
 from components.decoding.types import CommitEvent, DecodeParams, DecodeResult, DecodeStats, RowState
-from models.interface import MarkupLM
+from models.interface import MarkupLM, ModelCapabilities, capabilities_of
 from models.loading import load_markup_model
 from models.tokenizer import all_special_ids
 
@@ -57,6 +57,11 @@ def special_ids_of(tokenizer: PreTrainedTokenizerFast) -> SpecialIds:
     return ids
 
 
+def engine_capabilities(engine) -> ModelCapabilities:
+    """What the engine's model declares; a stand-in without a model (a test's wrapper) reads as a page model."""
+    return getattr(engine, "capabilities", None) or ModelCapabilities()
+
+
 class DecodingEngine:
     """Decode page images to markup with any strategy; stream commits as they happen."""
 
@@ -66,6 +71,7 @@ class DecodingEngine:
         ``fixed_shapes``: its step with fixed shapes (:mod:`components.decoding.fixed_step`);
         ``cuda_graphs`` (CUDA only) and ``compile_step`` (``torch.compile``) imply it."""
         self.model = model
+        self.capabilities = capabilities_of(model)
         self.tokenizer = tokenizer
         self.ids = special_ids_of(tokenizer)
         self.static_cache = static_cache
@@ -97,12 +103,16 @@ class DecodingEngine:
 
     @property
     def max_positions(self) -> int:
-        return int(getattr(self.model, "max_positions", 1 << 30))
+        return self.capabilities.max_positions
 
     @property
     def prefix_length(self) -> int:
         """The model's fixed image-prefix length (0 when it depends on the image, as in HF VLMs)."""
-        return int(getattr(self.model, "num_prefix_tokens", 0) or 0)
+        return self.capabilities.prefix_length
+
+    def reading_pieces(self, crop: Image.Image) -> list[Image.Image]:
+        """The pieces the model reads a crop in (runs of whole lines its trained prefix holds), or the crop."""
+        return self.model.reading_pieces(crop) if self.capabilities.reads_in_pieces else [crop]
 
     def token_room(self, n_prefix: int | None = None) -> int:
         """Tokens the model's positions leave for a page's markup after its image prefix."""

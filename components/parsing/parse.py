@@ -19,6 +19,7 @@ from PIL import Image
 
 from components.data.markup import render_block
 from components.data.pages import Page
+from components.decoding.engine import engine_capabilities
 from components.decoding.types import DecodeParams, DecodeResult, DecodeStats
 from components.parsing.assembly import assemble, element_markup, order_elements, recognition_category
 from components.parsing.crops import DEFAULT_CROP, CropSettings, crop_region
@@ -26,7 +27,7 @@ from components.parsing.frontend import FrontEndPage, ModelLines, shared_front_e
 from components.parsing.layout import LAYOUTS, Layout, make_layout
 from components.parsing.layout.region import Box
 from components.parsing.pieces import generate_in_pieces, joiner, merge_results
-from components.parsing.prompts import style_for_model, task_prompt
+from components.parsing.prompts import prompt_style_of, task_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def reads_detected_lines(engine, layout: Layout) -> bool:
     """Whether pages go through the page front end with the model reading its lines: a model that
     says it reads single text lines (the reader), under a detected layout. Under the ground-truth
     layout (oracle evaluation) every true element's crop is read instead."""
-    return bool(getattr(getattr(engine, "model", None), "reads_text_lines", False)) and layout.name != "ground-truth"
+    return engine_capabilities(engine).reads_text_lines and layout.name != "ground-truth"
 
 
 def trained_parse_mode(model_dir: str | Path) -> str:
@@ -141,8 +142,9 @@ def parse_pages(
     if reads_detected_lines(engine, layout):
         source = ModelLines(engine, params)
         return [front_end_parse(shared_front_end().read(image, source)) for image in images]
-    style = style_for_model(getattr(engine, "model", None), prompt_style)
-    writes_markup = getattr(getattr(engine, "model", None), "writes_markup", True)
+    capabilities = engine_capabilities(engine)
+    style = prompt_style_of(capabilities, prompt_style)
+    writes_markup = capabilities.writes_markup
     parses: list[PageParse] = []
     jobs: list[tuple[ParsedElement, Image.Image, str | None]] = []
     for image, page in zip(images, pages, strict=True):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from PIL import Image
 
+from components.decoding.engine import engine_capabilities
 from components.decoding.types import DecodeParams, DecodeResult, DecodeStats
 
 JOINERS = {"code": "\n"}  # how a category's lines are joined in its text; a space otherwise
@@ -23,8 +24,8 @@ def joiner(category: str | None) -> str:
 def generate_in_pieces(engine, crops: list[Image.Image], params: DecodeParams, prompts: list[str | None] | None = None,
                        categories: list[str | None] | None = None) -> list[DecodeResult]:
     """``engine.generate`` over crops, each read as its model's pieces and merged back in order."""
-    split = getattr(getattr(engine, "model", None), "reading_pieces", None)
-    pieces = [split(crop) if split is not None else [crop] for crop in crops]
+    in_pieces = engine_capabilities(engine).reads_in_pieces
+    pieces = [engine.reading_pieces(crop) if in_pieces else [crop] for crop in crops]
     return generate_groups(engine, pieces, params, prompts, categories)
 
 

@@ -9,6 +9,8 @@ overridden per run (``parse.prompt_style``).
 
 from __future__ import annotations
 
+from models.interface import ModelCapabilities, capabilities_of
+
 PROMPT_STYLES: dict[str, dict[str, str] | None] = {
     "paddleocr_vl": {"text": "OCR:", "title": "OCR:", "code": "OCR:", "caption": "OCR:",
                      "table": "Table Recognition:", "formula": "Formula Recognition:", "chart": "Chart Recognition:"},
@@ -35,10 +37,15 @@ def task_prompt(style: str, category: str) -> str | None:
     return prompts.get(category, prompts["text"])
 
 
-def style_for_model(model, override: str | None = None) -> str:
-    """The task-prompt style of a loaded model ("none" for a model that takes no prompts)."""
-    if not getattr(model, "takes_task_prompts", False):
+def prompt_style_of(capabilities: ModelCapabilities, override: str | None = None) -> str:
+    """The task-prompt style of a model ("none" for a model that takes no prompts)."""
+    if not capabilities.takes_task_prompts:
         if override not in (None, "none"):
             raise ValueError(f"prompt style {override!r} given, but this model takes no task prompts")
         return "none"
-    return prompt_style_for(str(getattr(model.config, "model_type", "")), override)
+    return prompt_style_for(capabilities.family, override)
+
+
+def style_for_model(model, override: str | None = None) -> str:
+    """:func:`prompt_style_of` a loaded model (the trainer's, which has no engine)."""
+    return prompt_style_of(capabilities_of(model), override)

@@ -48,6 +48,7 @@ from components.training.data import BatchPlan, TrainingData, dataset_fingerprin
 from components.training.lora import apply_lora, has_lora, merged_state_dict
 from components.training.mix import ObjectiveMix
 from components.training.tracking import RunLogger
+from models.interface import capabilities_of
 from models.loading import load_markup_model, save_markup_model
 
 CHECKPOINTS = "checkpoints"
@@ -220,7 +221,7 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
 
     model, tokenizer, source = _load_model(config, output_dir, rank)
     unit = config.data.unit
-    markup = getattr(model, "writes_markup", True)  # the reader writes an element's text, not its form
+    markup = capabilities_of(model).writes_markup  # the reader writes an element's text, not its form
     base = load_examples(config.path(config.data.dataset), tokenizer, config.data.max_tokens, unit, markup)
     hard = (load_examples(config.path(config.data.hard_examples), tokenizer, config.data.max_tokens, unit, markup)
             if config.data.hard_examples else None)
