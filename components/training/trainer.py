@@ -205,16 +205,67 @@ def save_model_folder(engine, tokenizer, target: Path, meta: dict[str, Any], ran
     return target
 
 
-def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> TrainResult:
-    """Train ``config`` to ``train.steps`` (or ``stop_at_step``), resuming if a checkpoint exists."""
-    started = time.time()
-    rank, world_size, _ = runtime.init_distributed()
+@dataclass
+class _Run:
+    """One training run once set up: what the steps and the save need."""
 
+    config: TrainConfig  # with the steps the data plan gives
+    rank: int
+    world_size: int
+    output_dir: Path
+    engine: Any  # the DeepSpeed engine around the ObjectiveMix
+    tokenizer: Any
+    source: Path | str  # the model it started from
+    plan: BatchPlan
+    data: TrainingData
+    zero_stage: int
+    start_step: int
+    resumed: bool
+    fingerprints: dict[str, Any]
+    logger: RunLogger
+    run_id: str | None
+
+
+@dataclass
+class _Steps:
+    history: list[dict[str, float]]
+    local_losses: list[float]
+    finished: int
+    interrupted: bool
+    saved_at: int  # the step of the last checkpoint (-1: none)
+    seconds: float
+
+
+def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> TrainResult:
+    """Train ``config`` to ``train.steps`` (or ``stop_at_step``), resuming if a checkpoint exists:
+    set up (model, data, DeepSpeed, resume, tracking), the steps, then the model folder."""
+    started = time.time()
+    run = _set_up(config)
+    init_seconds = time.time() - started
+    total = run.config.train.steps
+    steps = _train_steps(run, min(total, stop_at_step) if stop_at_step is not None else total)
+    model_dir = None
+    if steps.finished >= total and not steps.interrupted:
+        model_dir = _save(run, steps)
+    run.logger.finish("KILLED" if steps.interrupted else "FINISHED")
+    checksum = 0.0
+    if run.zero_stage < 3:
+        checksum = float(sum(p.detach().double().sum() for p in run.engine.module.parameters()))
+    _barrier()
+    return TrainResult(
+        output_dir=run.output_dir, model_dir=model_dir, start_step=run.start_step, final_step=steps.finished,
+        interrupted=steps.interrupted, history=steps.history, mlflow_run_id=run.run_id, init_seconds=init_seconds,
+        train_seconds=steps.seconds, param_checksum=checksum, local_losses=steps.local_losses,
+    )
+
+
+def _set_up(config: TrainConfig) -> _Run:
+    """The model, its data and batch plan, the DeepSpeed engine, a resumed checkpoint, the tracking run."""
+    rank, world_size, _ = runtime.init_distributed()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", world_size)))
     torch.set_num_threads(config.train.threads or runtime.default_threads(local_world))
     torch.manual_seed(config.seed)
     output_dir = config.path(config.output_dir)
-    checkpoint_dir = output_dir / CHECKPOINTS
     if rank == 0:
         output_dir.mkdir(parents=True, exist_ok=True)
     _barrier()
@@ -235,7 +286,6 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
         model=mix, model_parameters=runtime.parameter_groups(mix, config.optim.weight_decay), config=ds_config,
         lr_scheduler=runtime.lr_scheduler_factory(config),
     )
-    device = engine.device
     zero_stage = engine.zero_optimization_stage()
     # Pages are preprocessed on CPU (in DataLoader workers when data.workers > 0) and moved here.
     preprocess = engine.module.model.cpu_preprocessor()
@@ -245,7 +295,7 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
     start_step = 0
     found = latest_checkpoint(output_dir) if config.train.resume else None
     if found is not None:
-        _, client_state = engine.load_checkpoint(str(checkpoint_dir), tag=found[0])
+        _, client_state = engine.load_checkpoint(str(output_dir / CHECKPOINTS), tag=found[0])
         start_step = int(client_state["step"])
         if client_state.get("world_size") != world_size and rank == 0:
             print(f"[train] resuming a checkpoint written by {client_state.get('world_size')} processes with "
@@ -271,22 +321,26 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
               "~2,000 tokens: raise data.max_tokens within the model's positions, or read pages as elements", flush=True)
     if rank == 0:
         logger.log_file(output_dir / "deepspeed_resolved.json")
-    init_seconds = time.time() - started
+    return _Run(config, rank, world_size, output_dir, engine, tokenizer, source, plan, data, zero_stage, start_step,
+                found is not None, fingerprints, logger, run_id)
 
-    total = config.train.steps
-    last_step = min(total, stop_at_step) if stop_at_step is not None else total
+
+def _train_steps(run: _Run, last_step: int) -> _Steps:
+    """Steps from where the run starts to ``last_step``, with metrics, checkpoints and Ctrl-C."""
+    config, engine, rank = run.config, run.engine, run.rank
+    device, checkpoint_dir, total = engine.device, run.output_dir / CHECKPOINTS, config.train.steps
     history: list[dict[str, float]] = []
     local_losses: list[float] = []
-    finished = start_step
+    finished = run.start_step
     interrupted = False
-    saved_at = start_step if found is not None else -1
+    saved_at = run.start_step if run.resumed else -1
     progress = None
     if rank == 0 and config.train.progress:
-        progress = tqdm(total=total, initial=start_step, desc=config.name, unit="step", dynamic_ncols=True)
-    train_started = time.time()
-    batches = data.batches(start_step, last_step, rank, workers=config.data.workers)
+        progress = tqdm(total=total, initial=run.start_step, desc=config.name, unit="step", dynamic_ncols=True)
+    started = time.time()
+    batches = run.data.batches(run.start_step, last_step, rank, workers=config.data.workers)
     with _StopRequest() as stop_request:
-        for step in range(start_step, last_step):
+        for step in range(run.start_step, last_step):
             step_started = time.time()
             lr = float(engine.get_lr()[0])
             sums: dict[str, float] = {}
@@ -303,15 +357,15 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
             grad_norm = engine.get_global_grad_norm()
             seconds = time.time() - step_started
             finished = step + 1
-            record.update(step=finished, total_steps=total, lr=lr, step_seconds=seconds, epoch=plan.epoch_of(finished),
-                          samples_per_second=plan.global_batch / max(seconds, 1e-9))
+            record.update(step=finished, total_steps=total, lr=lr, step_seconds=seconds,
+                          epoch=run.plan.epoch_of(finished), samples_per_second=run.plan.global_batch / max(seconds, 1e-9))
             if grad_norm is not None:
                 record["grad_norm"] = float(grad_norm)
             history.append(record)
             if rank == 0:
-                with open(output_dir / METRICS_FILE, "a", encoding="utf-8") as handle:
+                with open(run.output_dir / METRICS_FILE, "a", encoding="utf-8") as handle:
                     handle.write(json.dumps(record) + "\n")
-                logger.log_metrics({k: v for k, v in record.items() if k != "step"}, step=finished)
+                run.logger.log_metrics({k: v for k, v in record.items() if k != "step"}, step=finished)
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}")
@@ -320,7 +374,7 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
             periodic = config.train.save_every is not None and (finished % config.train.save_every == 0 or finished == total)
             if periodic or stopping:
                 engine.save_checkpoint(str(checkpoint_dir), tag=f"step_{finished:07d}", client_state={
-                    "step": finished, "world_size": world_size, "seed": config.seed,
+                    "step": finished, "world_size": run.world_size, "seed": config.seed,
                     "micro_batch_size": config.train.micro_batch_size, "grad_accum": config.train.grad_accum})
                 saved_at = finished
                 _barrier()
@@ -331,45 +385,38 @@ def run_training(config: TrainConfig, *, stop_at_step: int | None = None) -> Tra
                 break
     if progress is not None:
         progress.close()
-    train_seconds = time.time() - train_started
+    return _Steps(history, local_losses, finished, interrupted, saved_at, time.time() - started)
 
-    model_dir = None
-    if finished >= total and not interrupted:
-        meta = {
-            "name": config.name,
-            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "steps": finished,
-            "data": fingerprints,
-            # every synthetic seed this model (and the models it started from) trained on, so an
-            # evaluation can refuse pages it has seen (components.evaluation.evaluate.assert_held_out)
-            "seen_seeds": seed_ranges(
-                synthetic_seeds(config.path(config.data.dataset))
-                + (synthetic_seeds(config.path(config.data.hard_examples)) if config.data.hard_examples else []),
-                also=seen_seeds(source)),
-            "init_model": str(source),
-            # fingerprints of the weights it started from and their ancestors: evaluation refuses
-            # pages whose truth one of them wrote (components.data.provenance)
-            LINEAGE_KEY: sorted(model_lineage(source)),
-            "objectives": config.active_objectives,
-            "unit": config.data.unit,  # what the model reads: whole pages, or element crops (two-stage parsing)
-            "final_metrics": history[-1] if history else None,
-            "deepspeed": {"version": deepspeed.__version__, "zero_stage": zero_stage, "world_size": world_size,
-                          "accelerator": runtime.select_accelerator()},
-            "checkpoint": None if saved_at < 0 else f"step_{saved_at:07d}",
-            "mlflow_run_id": run_id,
-            "config": config.model_dump(mode="json"),
-        }
-        model_dir = save_model_folder(engine, tokenizer, output_dir / MODEL_DIR, meta, rank, zero_stage)
-        if rank == 0:
-            logger.log_model_folder(model_dir)
-            logger.set_tags({"model_dir": str(model_dir)})
-    logger.finish("KILLED" if interrupted else "FINISHED")
-    checksum = 0.0
-    if zero_stage < 3:
-        checksum = float(sum(p.detach().double().sum() for p in engine.module.parameters()))
-    _barrier()
-    return TrainResult(
-        output_dir=output_dir, model_dir=model_dir, start_step=start_step, final_step=finished, interrupted=interrupted,
-        history=history, mlflow_run_id=run_id, init_seconds=init_seconds, train_seconds=train_seconds,
-        param_checksum=checksum, local_losses=local_losses,
-    )
+
+def _save(run: _Run, steps: _Steps) -> Path:
+    """The trained model folder with its training record (data, seeds, lineage, objectives, metrics)."""
+    config = run.config
+    meta = {
+        "name": config.name,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "steps": steps.finished,
+        "data": run.fingerprints,
+        # every synthetic seed this model (and the models it started from) trained on, so an
+        # evaluation can refuse pages it has seen (components.evaluation.evaluate.assert_held_out)
+        "seen_seeds": seed_ranges(
+            synthetic_seeds(config.path(config.data.dataset))
+            + (synthetic_seeds(config.path(config.data.hard_examples)) if config.data.hard_examples else []),
+            also=seen_seeds(run.source)),
+        "init_model": str(run.source),
+        # fingerprints of the weights it started from and their ancestors: evaluation refuses
+        # pages whose truth one of them wrote (components.data.provenance)
+        LINEAGE_KEY: sorted(model_lineage(run.source)),
+        "objectives": config.active_objectives,
+        "unit": config.data.unit,  # what the model reads: whole pages, or element crops (two-stage parsing)
+        "final_metrics": steps.history[-1] if steps.history else None,
+        "deepspeed": {"version": deepspeed.__version__, "zero_stage": run.zero_stage, "world_size": run.world_size,
+                      "accelerator": runtime.select_accelerator()},
+        "checkpoint": None if steps.saved_at < 0 else f"step_{steps.saved_at:07d}",
+        "mlflow_run_id": run.run_id,
+        "config": config.model_dump(mode="json"),
+    }
+    model_dir = save_model_folder(run.engine, run.tokenizer, run.output_dir / MODEL_DIR, meta, run.rank, run.zero_stage)
+    if run.rank == 0:
+        run.logger.log_model_folder(model_dir)
+        run.logger.set_tags({"model_dir": str(model_dir)})
+    return model_dir
