@@ -343,6 +343,61 @@ class _Tower:
         return probs, self._captured.pop()
 
 
+class FrameCache:
+    """The frozen tower's frames of lines already seen, keyed by the line's pixels: one per tower
+    (its sha256) for the whole process, so every reader on that tower shares it: training epochs,
+    the next training run, and repeated reads of the same pages (a benchmark's rounds) pay for the
+    tower once. With TOWER_CACHE_ENV naming a file it is loaded from there and saved there while
+    training, so the next phase or a resumed run in another process starts warm."""
+
+    def __init__(self, tower_sha256: str | None):
+        self.tower_sha256 = tower_sha256
+        self.lines: dict[bytes, tuple[torch.Tensor, torch.Tensor]] = {}
+        path = os.environ.get(TOWER_CACHE_ENV)
+        if path and Path(path).is_file() and tower_sha256:
+            stored = torch.load(path, weights_only=True)
+            if stored.get("tower_sha256") == tower_sha256:
+                self.lines = {k: (c, f.float()) for k, (c, f) in stored["lines"].items()}
+        self.saved_size = len(self.lines)
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    @property
+    def full(self) -> bool:
+        return len(self.lines) >= MAX_CACHED_LINES
+
+    def save_if_grown(self) -> None:
+        """Write the file (rank 0 only) once CACHE_SAVE_EVERY new lines have come in."""
+        path = os.environ.get(TOWER_CACHE_ENV)
+        if not path or len(self.lines) - self.saved_size < CACHE_SAVE_EVERY or int(os.environ.get("RANK", "0")):
+            return
+        lines = {k: (c, f.half()) for k, (c, f) in self.lines.items()}
+        partial = Path(path).with_suffix(".partial")
+        torch.save({"tower_sha256": self.tower_sha256, "lines": lines}, partial)
+        partial.replace(path)
+        self.saved_size = len(self.lines)
+
+
+_FRAME_CACHES: dict[str | None, FrameCache] = {}
+_KEEP_INFERENCE_FRAMES = False
+
+
+def frame_cache(tower_sha256: str | None) -> FrameCache:
+    """The process's frame cache of this tower (created, and loaded from TOWER_CACHE_ENV, on first use)."""
+    if tower_sha256 not in _FRAME_CACHES:
+        _FRAME_CACHES[tower_sha256] = FrameCache(tower_sha256)
+    return _FRAME_CACHES[tower_sha256]
+
+
+def keep_frames_at_inference(enabled: bool = True) -> None:
+    """Reuse the tower's frames of lines read before at inference too (off by default: a server
+    sees each page once, and the cache would only grow). Loops that read the same pages with one
+    model after another (the annotation loop's rounds) turn it on."""
+    global _KEEP_INFERENCE_FRAMES
+    _KEEP_INFERENCE_FRAMES = enabled
+
+
 class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
     """Line recogniser prefix + byte-level Qwen2 decoder; implements :class:`models.interface.TrainableMarkupLM`."""
 
@@ -373,10 +428,6 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
         # The byte tokens of each tower class (-1 padded): set by new_reader_model from the tokenizer.
         self.register_buffer("class_bytes", torch.full((config.num_classes, MAX_BYTES), -1, dtype=torch.long))
         self._tower: _Tower | None = None
-        # While training, the frozen tower's frames of every line seen (epochs pay for the tower once);
-        # with TOWER_CACHE_ENV naming a file, kept there too, so the next phase or a resumed run starts warm.
-        self._training_cache: dict[bytes, tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._cache_saved_size = 0
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -405,10 +456,11 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
 
     def line_frames(self, lines: list[torch.Tensor], widths: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per line: the collapsed CTC frames' classes (n,) and features (n, feature + 1), the extra
-        column the frame's probability. Lines of one padded width run as one batch; while training, a
-        line already seen is not run again (the tower is frozen, so its frames cannot change)."""
-        cache = self._tower_cache() if self.training else None
-        if cache is not None and len(cache) >= MAX_CACHED_LINES:
+        column the frame's probability. Lines of one padded width run as one batch; while training
+        (or reading with :func:`keep_frames_at_inference` on), a line already seen is not run again:
+        the tower is frozen, so its frames cannot change."""
+        cache = frame_cache(self.config.tower_sha256) if self.training or _KEEP_INFERENCE_FRAMES else None
+        if cache is not None and cache.full:
             cache = None
         out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(lines)
         todo: dict[int, list[int]] = {}
@@ -417,8 +469,12 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
             if cache is not None:
                 keys[i] = hashlib.blake2b(line.float().cpu().numpy().tobytes(), digest_size=16).digest() \
                     + int(widths[i]).to_bytes(4, "little")
-                if keys[i] in cache:
-                    classes, features = cache[keys[i]]
+                if keys[i] in cache.lines:
+                    classes, features = cache.lines[keys[i]]
+                    if features.is_inference() and not torch.is_inference_mode_enabled():
+                        # kept by a read under inference mode: autograd cannot save such a tensor
+                        classes, features = classes.clone(), features.clone()
+                        cache.lines[keys[i]] = (classes, features)
                     out[i] = (classes.to(self.device), features.to(self.device, self.dtype))
                     continue
             todo.setdefault(line.shape[-1], []).append(i)
@@ -433,31 +489,10 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
                 frame = torch.cat([features[row, :columns][keep].float(), best_p[keep, None]], dim=-1)
                 out[i] = (best[keep], frame.to(self.dtype))
                 if cache is not None:
-                    cache[keys[i]] = (best[keep].cpu(), frame.cpu())
-        if cache is not None and len(cache) - self._cache_saved_size >= CACHE_SAVE_EVERY:
-            self._save_tower_cache()
+                    cache.lines[keys[i]] = (best[keep].cpu(), frame.cpu())
+        if cache is not None and self.training:
+            cache.save_if_grown()
         return out  # type: ignore[return-value]
-
-    def _tower_cache(self) -> dict[bytes, tuple[torch.Tensor, torch.Tensor]]:
-        if self._training_cache is None:
-            self._training_cache = {}
-            path = os.environ.get(TOWER_CACHE_ENV)
-            if path and Path(path).is_file() and self.config.tower_sha256:
-                stored = torch.load(path, weights_only=True)
-                if stored.get("tower_sha256") == self.config.tower_sha256:
-                    self._training_cache = {k: (c, f.float()) for k, (c, f) in stored["lines"].items()}
-            self._cache_saved_size = len(self._training_cache)
-        return self._training_cache
-
-    def _save_tower_cache(self) -> None:
-        path = os.environ.get(TOWER_CACHE_ENV)
-        if not path or self._training_cache is None or int(os.environ.get("RANK", "0")):
-            return
-        lines = {k: (c, f.half()) for k, (c, f) in self._training_cache.items()}
-        partial = Path(path).with_suffix(".partial")
-        torch.save({"tower_sha256": self.config.tower_sha256, "lines": lines}, partial)
-        partial.replace(path)
-        self._cache_saved_size = len(self._training_cache)
 
     @property
     def tower_dtype(self) -> torch.dtype:

@@ -172,17 +172,56 @@ def test_the_tower_frames_of_training_lines_are_kept_for_the_next_run(tmp_path, 
 
     monkeypatch.setenv(TOWER_CACHE_ENV, str(tmp_path / "frames.pt"))
     monkeypatch.setattr(reader_module, "CACHE_SAVE_EVERY", 1)
+    monkeypatch.setattr(reader_module, "_FRAME_CACHES", {})
     model, _ = new_reader_model(seed=0)
     model.train()
     crops = [_crop(["cached line"]), _crop(["another", "two lines"])]
     first = model.encode_pages(model.cpu_preprocessor()(crops))
     assert (tmp_path / "frames.pt").is_file()
+    monkeypatch.setattr(reader_module, "_FRAME_CACHES", {})  # as in a new process: only the file is left
     again, _ = new_reader_model(seed=0)
     again.train()
-    assert len(again._tower_cache()) == 3
+    assert len(reader_module.frame_cache(again.config.tower_sha256)) == 3
     monkeypatch.setattr(reader_module._Tower, "__call__", lambda *a: pytest.fail("the tower ran for a cached line"))
     second = again.encode_pages(again.cpu_preprocessor()(crops))
     assert torch.allclose(first.embeds, second.embeds, atol=1e-2)  # frames are kept in half precision
+
+
+def test_reading_the_same_lines_again_runs_the_tower_once_only_when_asked(monkeypatch):
+    """The annotation loop reads the same pages with one model after another: with
+    keep_frames_at_inference on, a new reader on the same tower reuses the frames (and reads the
+    same); off (the default, a server's case) every read runs the tower."""
+    import models.reader as reader_module
+    from models.reader import keep_frames_at_inference, new_reader_model
+
+    monkeypatch.setattr(reader_module, "_FRAME_CACHES", {})
+    monkeypatch.setattr(reader_module, "_KEEP_INFERENCE_FRAMES", False)
+    calls = []
+    real_call = reader_module._Tower.__call__
+    monkeypatch.setattr(reader_module._Tower, "__call__", lambda self, lines: calls.append(len(lines)) or
+                        real_call(self, lines))
+    crops = [_crop(["kept frames"]), _crop(["read twice", "by two readers"])]
+    first, _ = new_reader_model(seed=0)
+    first.eval()
+    with torch.inference_mode():
+        first.encode_pages(first.cpu_preprocessor()(crops))
+        first.encode_pages(first.cpu_preprocessor()(crops))
+    assert sum(calls) == 6  # off: 3 lines, twice
+    calls.clear()
+    try:
+        keep_frames_at_inference(True)
+        with torch.inference_mode():
+            kept = first.encode_pages(first.cpu_preprocessor()(crops))
+        second, _ = new_reader_model(seed=0)
+        second.eval()
+        with torch.inference_mode():
+            again = second.encode_pages(second.cpu_preprocessor()(crops))
+        assert sum(calls) == 3  # the second reader ran no line through the tower
+        assert torch.equal(kept.slot_tokens, again.slot_tokens)
+        second.train()  # frames kept under inference mode feed a training step (autograd refuses inference tensors)
+        second.encode_pages(second.cpu_preprocessor()(crops)).embeds.sum().backward()
+    finally:
+        keep_frames_at_inference(False)
 
 
 def test_a_vertical_rule_beside_code_does_not_join_its_lines():
@@ -210,6 +249,30 @@ def test_a_long_element_is_read_in_pieces_of_whole_lines_that_fit_the_trained_pr
     short = _crop(lines[:2], size=20)
     assert model.reading_pieces(short) == [short]
     assert PIECE_FILL < 1
+
+
+def test_the_engine_states_what_the_reader_declares_and_parsing_asks_the_engine(reader, curation_model_dir):
+    """The model-engine contract: parsing, evaluation and serving read ``engine.capabilities``;
+    the reader writes bare text, reads detected lines and long crops in pieces, takes no prompts;
+    a page model (the curation base) declares none of that."""
+    from components.decoding.engine import DecodingEngine
+    from components.parsing.layout import make_layout
+    from components.parsing.parse import reads_detected_lines
+    from models.interface import ModelCapabilities
+
+    model, tokenizer = reader
+    engine = DecodingEngine(model, tokenizer)
+    assert engine.capabilities == ModelCapabilities(family="docmarkup_reader", takes_task_prompts=False,
+                                                    writes_markup=False, reads_text_lines=True, reads_in_pieces=True,
+                                                    max_positions=engine.max_positions, prefix_length=0)
+    long = _crop([f"Line {i} of a long element with text" for i in range(24)], size=20)
+    assert [p.size for p in engine.reading_pieces(long)] == [p.size for p in model.reading_pieces(long)]
+    assert reads_detected_lines(engine, make_layout("rapid-layout"))
+    assert not reads_detected_lines(engine, make_layout("ground-truth"))
+    page_engine = DecodingEngine.from_pretrained(curation_model_dir)
+    page = page_engine.capabilities
+    assert (page.writes_markup, page.reads_text_lines, page.reads_in_pieces) == (True, False, False)
+    assert page_engine.reading_pieces(long) == [long]
 
 
 def test_pieces_are_decoded_in_one_batch_and_merged_in_order(reader):

@@ -11,10 +11,11 @@ base (``models/pretrained/docmarkup-base``) was trained on: a domain shift whose
 Per seed, the pool and the held-out evaluation pages are fixed and shared by every policy. Each
 round, from the current model: pre-annotate the pool's unannotated pages, pick ``budget`` of them
 by the policy (``mined``: lowest consistency C(x) over T=4 samples; ``confidence``: lowest mean
-token probability of the greedy read; ``random``), add their corrections to the annotated set,
-retrain Stage 2 from the current model with the whole annotated set as its hard pages, half of
-every batch, beside replayed pages of the base's own distribution (same steps, learning rate and
-seed for every policy; the 1+β(1−C) weighting off, so only the choice of pages differs), and score
+token probability of the greedy read; ``random``), add their corrections (``--check-share`` of
+them set aside for the stage check, never trained on), retrain Stage 2 from the current model with
+the whole annotated set as its hard pages, half of every batch, beside replayed pages of the base's own distribution (same steps, learning rate and
+seed for every policy; the 1+β(1−C) weighting off, so only the choice of pages differs), keep the
+retrained model only if its AR Overall on the check pages is at least its input's, and score
 AR Overall on the evaluation pages. One MLflow run per (policy, seed) (experiment
 ``annotation-loop``), Overall by round; ``<out>/annotation_loop.json`` and ``.md`` hold the table
 (median over seeds, min-max) and ``annotation_loop.png`` the curves.
@@ -24,15 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import torch
 
+from benchmarks.annotation_loop.report import log_curve, plot, summary_table
+from benchmarks.annotation_loop.rounds import keep_better, set_aside
 from components.curation.mining import mine_consistency
 from components.curation.storage import write_subset
 from components.data.page_store import PageDataset
@@ -40,11 +42,10 @@ from components.data.synthetic import LEXICON, SyntheticConfig, generate_dataset
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
 from components.evaluation.evaluate import evaluate_decoders
-from components.registry.mlflow_registry import configure
 from components.training.config import load_train_config
 from components.training.trainer import run_training
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BASE_MODEL = ROOT / "models" / "pretrained" / "docmarkup-base"
 POOL_SEED = 60_000_000  # + 100_000 x seed; outside every recorded training seed
 EVAL_SEED = 61_000_000
@@ -117,52 +118,30 @@ def run_policy(policy: str, seed: int, args, start_overall: float) -> list[float
     pool = make_store(args.out / f"pool-seed{seed}-{args.pool}", args.pool, POOL_SEED + 100_000 * seed)
     eval_store = make_store(args.out / f"eval-{args.eval_pages}", args.eval_pages, EVAL_SEED)
     rng = np.random.default_rng([seed, 7])
-    model_dir, annotated_ids, curve = args.base, [], [start_overall]
+    model_dir, annotated_ids, check_ids, curve = args.base, [], [], [start_overall]
     for round_index in range(1, args.rounds + 1):
         run_dir = args.out / "runs" / f"{policy}-seed{seed}" / f"round{round_index}"
-        candidates = [pid for pid in pool.ids() if pid not in set(annotated_ids)]
+        taken = set(annotated_ids) | set(check_ids)
+        candidates = [pid for pid in pool.ids() if pid not in taken]
         engine = DecodingEngine.from_pretrained(model_dir)
         chosen, _ = choose(policy, engine, pool, candidates, args.budget, rng, args.max_new_tokens,
                            f"loop-{policy}-seed{seed}-round{round_index}.journal.jsonl")
-        annotated_ids += chosen
+        to_train, to_check = set_aside(chosen, args.check_share, rng)
+        annotated_ids += to_train
+        check_ids += to_check
         annotated = write_subset(pool, pool.iter_pages(page_ids=annotated_ids), run_dir / "annotated")
-        model_dir = retrain(model_dir, annotated.root, run_dir / "train", seed, args)
+        trained = retrain(model_dir, annotated.root, run_dir / "train", seed, args)
+        kept = ""
+        if check_ids:
+            check_pages = write_subset(pool, pool.iter_pages(page_ids=check_ids), run_dir / "check")
+            score = partial(overall, eval_store=check_pages, max_new_tokens=args.max_new_tokens)
+            trained, decision = keep_better(model_dir, trained, score, higher_is_better=True)
+            kept = ", kept" if decision["kept_output"] else ", below its input on the check pages: not kept"
+        model_dir = trained
         curve.append(overall(model_dir, eval_store, args.max_new_tokens))
-        print(f"[loop] {policy} seed {seed} round {round_index}: {len(annotated_ids)} pages annotated, "
-              f"Overall {curve[-1]:.2f}", flush=True)
+        print(f"[loop] {policy} seed {seed} round {round_index}: {len(annotated_ids) + len(check_ids)} pages "
+              f"corrected{kept}; Overall {curve[-1]:.2f}", flush=True)
     return curve
-
-
-def summary_table(curves: dict[str, dict[int, list[float]]], budget: int) -> str:
-    rounds = len(next(iter(next(iter(curves.values())).values())))
-    lines = ["| policy | " + " | ".join(f"{r * budget} pages" for r in range(rounds)) + " |",
-             "|---|" + "---:|" * rounds]
-    for policy, by_seed in curves.items():
-        cells = []
-        for r in range(rounds):
-            values = [curve[r] for curve in by_seed.values()]
-            cells.append(f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})")
-        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def plot(curves: dict[str, dict[int, list[float]]], budget: int, path: Path) -> None:
-    import matplotlib  # deferred: plotting only, with the Agg backend chosen first
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deferred: plotting only, with the Agg backend chosen first
-
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for policy, by_seed in curves.items():
-        rounds = np.arange(len(next(iter(by_seed.values())))) * budget
-        values = np.array(list(by_seed.values()))
-        axis.plot(rounds, np.median(values, axis=0), marker="o", label=policy)
-        axis.fill_between(rounds, values.min(axis=0), values.max(axis=0), alpha=0.15)
-    axis.set_xlabel("pages annotated")
-    axis.set_ylabel("AR Overall (held-out pages)")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-pages", type=int, default=32)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--check-share", type=float, default=0.25,
+                        help="share of each round's corrected pages kept for the stage check instead of training (0: none)")
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--base", type=Path, default=BASE_MODEL)
     parser.add_argument("--mlflow", action=argparse.BooleanOptionalAction, default=True)
@@ -195,26 +176,18 @@ def main(argv: list[str] | None = None) -> int:
             curve = run_policy(policy, seed, args, start)
             curves.setdefault(policy, {})[seed] = curve
             if args.mlflow:
-                log_curve(policy, seed, curve, args)
+                log_curve(f"{policy}-seed{seed}", {"policy": policy, "seed": seed, "budget": args.budget,
+                                                   "steps": args.steps, "lr": args.lr, "pool": args.pool,
+                                                   "check_share": args.check_share},
+                          [{"overall": value} for value in curve], args.budget)
     table = summary_table(curves, args.budget)
     report = {"curves": curves, "table": table, "start_overall": start, "seconds": round(time.time() - started, 1),
               "settings": {k: str(v) for k, v in vars(args).items()}}
     (args.out / "annotation_loop.json").write_text(json.dumps(report, indent=2))
     (args.out / "annotation_loop.md").write_text(table + "\n")
-    plot(curves, args.budget, args.out / "annotation_loop.png")
+    plot(curves, args.budget, args.out / "annotation_loop.png", "AR Overall (held-out pages)")
     print(table)
     print(f"\n{report['seconds']:.0f}s; written: {args.out / 'annotation_loop.json'}")
     return 0
 
 
-def log_curve(policy: str, seed: int, curve: list[float], args) -> None:
-    configure(experiment="annotation-loop")
-    with mlflow.start_run(run_name=f"{policy}-seed{seed}"):
-        mlflow.log_params({"policy": policy, "seed": seed, "budget": args.budget, "steps": args.steps, "lr": args.lr,
-                           "pool": args.pool})
-        for round_index, value in enumerate(curve):
-            mlflow.log_metric("overall", value, step=round_index * args.budget)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

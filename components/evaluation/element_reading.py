@@ -23,6 +23,7 @@ from rapidfuzz.distance import Levenshtein
 from components.data.markup import parse_markup
 from components.data.page_store import PageDataset
 from components.data.pages import MIN_IMAGE_SIDE
+from components.decoding.engine import engine_capabilities
 from components.decoding.types import DecodeParams
 from components.evaluation.confidence import least_confident_share, rank_correlation, reliability_table
 from components.metrics.table import teds
@@ -47,6 +48,7 @@ class ElementReading:
     forwards: int
     tokens: int
     confidence: float | None = None  # the model's mean token confidence over the element
+    content: str = ""  # the text read (the markup's content)
 
 
 def _collapsed(text: str) -> str:
@@ -98,7 +100,7 @@ def score_element(page_id: str, category: str, truth: str, markup: str, forwards
     collapsed_truth = _collapsed(truth)
     errors = Levenshtein.distance(_collapsed(content), collapsed_truth)
     return ElementReading(page_id, category, truth, markup, errors, len(collapsed_truth), form_kept, score, forwards,
-                          tokens, confidence)
+                          tokens, confidence, content)
 
 
 def read_store(engine, store: PageDataset, params: DecodeParams, categories: tuple[str, ...] = TEXT_LIKE,
@@ -107,7 +109,7 @@ def read_store(engine, store: PageDataset, params: DecodeParams, categories: tup
     ``true_lines``: read each element's true line boxes instead of its crop."""
     readings: list[ElementReading] = []
     seconds = 0.0
-    writes_markup = getattr(engine.model, "writes_markup", True)
+    writes_markup = engine_capabilities(engine).writes_markup
     pending: list[tuple] = []
 
     def flush() -> None:
