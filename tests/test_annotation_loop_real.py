@@ -38,6 +38,19 @@ def test_documents_are_held_out_whole_and_every_family_keeps_one():
     assert {p.page_id for p in real.split_by_document(list(reversed(pages)))[1]} == {p.page_id for p in held_out}
 
 
+def test_pool_and_held_out_pages_from_several_corpus_splits_land_in_one_store(tmp_path):
+    """A family's documents fall in the corpus's train, val or test split; the pool takes pages of all."""
+    source = PageDataset(FIXTURE)
+    pages = list(source.iter_pages())
+    first, second = (write_subset(source, pages[:3], tmp_path / "train"), write_subset(source, pages[3:5], tmp_path / "val"))
+    chosen = [*first.iter_pages(), *second.iter_pages()]
+    where = {p.page_id: first for p in first.iter_pages()} | {p.page_id: second for p in second.iter_pages()}
+    target = PageDataset(tmp_path / "pool")
+    real.write_pages(target, chosen, where)
+    assert sorted(target.ids()) == sorted(p.page_id for p in pages[:5])
+    assert all(target.load_image(p).size == (p.width, p.height) for p in target.iter_pages())
+
+
 def test_families_the_reader_trained_on_or_that_are_held_out_elsewhere_are_refused():
     real.check_families(real.FAMILIES)
     for family in ("r-doc-pdf", "freefem-doc", "gnuplot-doc"):

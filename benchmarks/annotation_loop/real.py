@@ -114,6 +114,13 @@ def spread(pages: list[Page], limit: int, seed: int = 0) -> list[Page]:
     return [pages[i] for i in sorted(order)]
 
 
+def write_pages(target: PageDataset, pages: list[Page], source: dict[str, PageDataset]) -> None:
+    """``pages`` (from the stores ``source`` names for each page id) as one store, images copied."""
+    for page in pages:
+        page.image = target.save_image(page.page_id, source[page.page_id].load_image(page))
+    target.upsert(pages)
+
+
 def prepare_pages(args) -> tuple[PageDataset, PageDataset, PageDataset]:
     """The pool, the held-out pages and the replay store (built once, then reused)."""
     pool, held_out = PageDataset(args.out / "pool"), PageDataset(args.out / "heldout")
@@ -128,12 +135,8 @@ def prepare_pages(args) -> tuple[PageDataset, PageDataset, PageDataset]:
         pages = [page for store in stores if store.exists() for page in store.iter_pages()]
         source = {page.page_id: store for store in stores if store.exists() for page in store.iter_pages()}
         pool_pages, held_pages = split_by_document(pages)
-        for target, chosen in ((pool, spread(pool_pages, args.pool)), (held_out, spread(held_pages, args.eval_pages))):
-            by_store: dict[Path, list[Page]] = defaultdict(list)
-            for page in chosen:
-                by_store[source[page.page_id].root].append(page)
-            for root, members in by_store.items():
-                write_subset(PageDataset(root), members, target.root)
+        write_pages(pool, spread(pool_pages, args.pool), source)
+        write_pages(held_out, spread(held_pages, args.eval_pages), source)
     if not replay.exists():
         build_corpus(list(REPLAY_PACKAGES), args.out / "replay", cache=args.cache, pages_per_document=6,
                      max_pages=args.replay_pages, regions=regions or rapid_layout_regions())
