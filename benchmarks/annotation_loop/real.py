@@ -170,7 +170,10 @@ def body_edit_of(model_dir: Path, pages: PageDataset, args) -> float:
 
 
 def score(engine, held_out: PageDataset, args) -> dict[str, float]:
-    readings, _ = read_store(engine, held_out, greedy(args))
+    return scores_of(read_store(engine, held_out, greedy(args))[0])
+
+
+def scores_of(readings: list[ElementReading]) -> dict[str, float]:
     summary = summarize_readings(readings)
     return {METRIC: body_text_edit(readings), "cer": summary["cer"],
             **{f"cer_{category}": entry["cer"] for category, entry in summary["by_category"].items()}}
@@ -306,9 +309,9 @@ def run_loop(args) -> int:
         raise SystemExit(f"{args.rounds} rounds x {args.budget} pages need a pool of at least "
                          f"{args.rounds * args.budget} pages; it has {len(pool)}")
     engine = DecodingEngine.from_pretrained(args.model)
-    start = score(engine, held_out, args)
-    ar, _ = read_store(engine, held_out, DecodeParams(max_new_tokens=args.max_new_tokens))
     sdb, _ = read_store(engine, held_out, greedy(args))
+    start = scores_of(sdb)
+    ar, _ = read_store(engine, held_out, DecodeParams(max_new_tokens=args.max_new_tokens))
     same = sum(a.content == b.content for a, b in zip(ar, sdb, strict=True))
     print(f"[loop] start {args.model.name}: body edit {start[METRIC]:.4f}, CER {start['cer']:.4f} on "
           f"{len(held_out)} held-out pages; SDB reads as AR on {same}/{len(ar)} elements", flush=True)
