@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
                                          repository_dir=args.out / f"model_repository-{name}",
                                          request_log_dir=args.out / f"requests-{name}", batching=name,
                                          max_batch_size=args.max_batch_size, max_queue_size=args.max_queue_size)
-            clients_of[name] = DocMarkupClient(servers[name].http_url, servers[name].grpc_url, timeout_s=600)
+            clients_of[name] = DocMarkupClient(servers[name].http_url, servers[name].grpc_url, timeout_s=600,
+                                               probe_key=servers[name].probe_key)
         references = [a.token_ids for a in (clients_of["continuous"].transcribe(page, max_new_tokens=args.max_new_tokens,
                                                                                 probe=True) for page in pages)]
         results: dict[str, dict] = {name: {"closed_loop": {}, "open_loop": {}} for name in names}

@@ -114,6 +114,9 @@ class TrainingSection(_Strict):
     check_pages: int = Field(16, ge=0)  # 0: no check
     check_split: Literal["val", "test"] = "val"
     keep_better: bool = True
+    # A stage that ties its input (same score on the check pages) is not kept: the chain continues from
+    # the input. True: keep the tying stage's output anyway.
+    keep_ties: bool = False
 
     @model_validator(mode="after")
     def _multi_node_needs_a_meeting_point(self) -> TrainingSection:
@@ -144,7 +147,12 @@ class TrainingSection(_Strict):
 
 
 class GatesSection(_Strict):
-    max_score_drop: float = 0.0
+    # A challenger must beat the incumbent (on the same pages) by more than min_improvement points of
+    # the gated score; one that does not is promoted only when it reads tie_speed_gain times faster
+    # (tokens/s, same run) and at most max_score_drop points below it. A tie is never a reload.
+    min_improvement: float = Field(0.0, ge=0.0)
+    tie_speed_gain: float = Field(1.2, gt=1.0)
+    max_score_drop: float = Field(0.0, ge=0.0)
     min_speedup: float = 1.5
     speed_decoder: str = "sdb"
     speed_metric: Literal["forward_reduction", "tps_speedup", "wall_speedup"] = "forward_reduction"
@@ -234,6 +242,16 @@ class PipelineConfig(_Strict):
     deploy: DeploySection = Field(default_factory=DeploySection)
     monitoring: MonitoringSection = Field(default_factory=MonitoringSection)
     execution: ExecutionSection = Field(default_factory=ExecutionSection)
+
+    @model_validator(mode="after")
+    def _data_inside_its_repository(self) -> PipelineConfig:
+        """DVC versions only what lies inside its repository: refuse it now, not after ingestion."""
+        root, data = self.repository.resolve(), self.data_root.resolve()
+        if data == root or root not in data.parents:
+            raise ValueError(f"data_dir {self.data_dir!r} resolves to {data}, which is not inside repo_root {root}: "
+                             "DVC versions only a folder inside its repository; give data_dir relative to repo_root, "
+                             "or point repo_root at the repository that holds the data")
+        return self
 
     # ----- derived paths (one place, so flows never disagree about where things are) -------
     @property

@@ -50,12 +50,13 @@ def retrain(config: str | PipelineConfig = DEFAULT_CONFIG, overrides: dict[str, 
         summary["parse_modes"] = compare_modes(cfg, Path(summary["train"]["model_dir"]),
                                                Path(summary["train"]["element_model_dir"]))
     if summary["evaluate"].get("unchanged"):  # no stage kept a change: the served model stays as it is
-        get_run_logger().info("%s; nothing deployed", summary["evaluate"]["gate_failures"][0])
+        get_run_logger().info("%s; nothing deployed, the served model is monitored", summary["evaluate"]["gate_failures"][0])
     elif cfg.deploy.enabled and (summary["evaluate"]["promoted"] or _has_champion(cfg)):
         summary["deploy"] = deploy(cfg)
         if replay_traffic:
             summary["replayed_pages"] = replay(cfg, limit=cfg.monitoring.min_production_pages + 8)
-        summary["monitor"] = monitor(cfg, since=started if replay_traffic else None)
+    # Whatever the gate decided: a scheduled retrain is also the scheduled monitoring of what is served.
+    summary["monitor"] = monitor(cfg, since=started if summary.get("replayed_pages") else None)
     summary["seconds"] = round(time.time() - started, 1)
     get_run_logger().info("retrain finished in %.0fs", summary["seconds"])
     return summary
@@ -121,10 +122,17 @@ def stage_lines(checks: list[dict]) -> list[str]:
     """Start -> each stage, AR Overall on the same validation pages, and which model the chain kept."""
     if not checks:
         return []
-    lines = ["", f"Stages (greedy AR Overall, the same {checks[0]['pages']} validation pages):",
-             f"  start         {checks[0]['input_overall']:.2f}  {checks[0]['input_model']}"]
+    first = checks[0]
+    lines = ["", f"Stages (greedy AR {first.get('metric', 'Overall')}, the same {first['pages']} validation pages; "
+                 f"truth: {first.get('truth') or 'unknown'}):",
+             f"  start         {first['input_overall']:.2f}  {first['input_model']}"]
     for check in checks:
-        kept = "kept" if check["kept"] == check["output_model"] else "BELOW its input: the chain went on from the input"
+        if check["kept"] == check["output_model"]:
+            kept = "kept"
+        elif check.get("tied"):
+            kept = "TIED its input: not an improvement, the chain went on from the input"
+        else:
+            kept = "BELOW its input: the chain went on from the input"
         lines.append(f"  {check['stage']:<13} {check['output_overall']:.2f}  ({kept})")
     return lines
 

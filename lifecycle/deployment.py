@@ -18,6 +18,7 @@ from deploy.triton.server import (
     TRITON_VAR,
     TritonPorts,
     TritonServer,
+    probe_key_file,
     start_triton,
     triton_server,
 )
@@ -76,7 +77,7 @@ def ensure_serving(cfg: PipelineConfig) -> TritonServer:
             try:
                 if not server.ready():
                     raise DeployError("the running server is not ready")
-                materialize_repository(uri, repository, **options)
+                materialize_repository(uri, repository, probe_key_file=probe_key_file(SERVICE_NAME), **options)
                 server.reload_models()
                 served_model(server, expected, cfg.deploy.smoke_timeout_s)
                 server.deploy_mode = "reloaded"
@@ -100,7 +101,7 @@ def _probe_page() -> bytes:
 
 def served_model(server: TritonServer, expected: dict, timeout_s: float = 120.0) -> dict:
     """Ask both endpoints (unary HTTP, gRPC stream) which model answers; raise unless it is ``expected``."""
-    client = DocMarkupClient(server.http_url, server.grpc_url, timeout_s=timeout_s)
+    client = DocMarkupClient(server.http_url, server.grpc_url, timeout_s=timeout_s, probe_key=server.probe_key)
     page = _probe_page()
     unary = client.transcribe(page, decoder="ar", max_new_tokens=2, probe=True).stats["model"]
     with client.stream_transcribe(page, decoder="ar", max_new_tokens=2, probe=True) as stream:
@@ -118,7 +119,8 @@ def smoke_test(cfg: PipelineConfig, server: TritonServer) -> dict:
     """Send held-out pages over HTTP (SDB) and gRPC streaming (AR); both must agree (greedy).
     Reports the version both endpoints serve (the registered champion, checked by the deploy)."""
     dataset = PageDataset(cfg.split_dir(cfg.evaluation.split))
-    client = DocMarkupClient(server.http_url, server.grpc_url, timeout_s=cfg.deploy.smoke_timeout_s)
+    client = DocMarkupClient(server.http_url, server.grpc_url, timeout_s=cfg.deploy.smoke_timeout_s,
+                             probe_key=server.probe_key)
     pages = list(dataset.iter_pages(page_ids=dataset.ids(limit=cfg.deploy.smoke_pages)))
     agreed = 0
     latencies = []

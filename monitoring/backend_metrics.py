@@ -31,6 +31,7 @@ definitions and the scrape parser are importable (and testable) outside Triton.
 
 from __future__ import annotations
 
+import copy
 import re
 import uuid
 from collections.abc import Iterable, Mapping
@@ -85,6 +86,19 @@ ELEMENT_OUTCOMES = ("decoded", "skipped", "error")
 OUTCOMES = ("ok", "truncated", "invalid", "cancelled", "refused", "timeout", "error")
 
 
+class _Unobserved:
+    """A metric that records nothing (what a probe's observations reach)."""
+
+    def increment(self, value: float) -> None:
+        pass
+
+    def observe(self, value: float) -> None:
+        pass
+
+
+_UNOBSERVED = _Unobserved()
+
+
 class BackendMetrics:
     """The backend's metric families, with one metric per label set created on first use."""
 
@@ -102,8 +116,20 @@ class BackendMetrics:
             for spec in ALL_METRICS
         }
         self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        self._observing = True
+
+    def of_request(self, probe: bool) -> BackendMetrics:
+        """The metrics one request's observations go to: these, or for the platform's own probes a
+        view that records nothing in any series (the one place probes are kept out of the metrics)."""
+        if not probe:
+            return self
+        quiet = copy.copy(self)
+        quiet._observing = False
+        return quiet
 
     def _metric(self, spec: MetricSpec, **labels: str) -> Any:
+        if not self._observing:
+            return _UNOBSERVED
         full = {"model": self._model_name, **self._instance_labels, **labels}
         key = (spec.name, tuple(sorted(full.items())))
         metric = self._metrics.get(key)

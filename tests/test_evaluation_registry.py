@@ -65,13 +65,34 @@ def test_gates_are_checked_against_the_champion():
     gates = registry.Gates(max_score_drop=1.0, min_speedup=1.5, min_overall=10.0)
     good = {"ar.overall": 50.0, "sdb.forward_reduction": 2.0}
     assert registry.check_gates(good, None, gates) == []
-    assert registry.check_gates(good, {"ar.overall": 50.5}, gates) == []  # within the allowed drop
+    assert registry.check_gates(good, {"ar.overall": 49.9}, gates) == []  # better than the champion
+    # A first champion (nothing served yet) may be within the allowed drop of its starting checkpoint.
+    assert registry.check_gates(good, {"ar.overall": 50.5}, gates, incumbent_serves=False) == []
     [reason] = registry.check_gates(good, {"ar.overall": 52.0}, gates)
     assert "below the champion" in reason
     [reason] = registry.check_gates({"ar.overall": 50.0, "sdb.forward_reduction": 1.2}, None, gates)
     assert "1.20 is below the required 1.50x" in reason
     assert len(registry.check_gates({}, None, gates)) == 2
     assert "below the floor" in registry.check_gates({"ar.overall": 5.0, "sdb.forward_reduction": 2.0}, None, gates)[0]
+
+
+def test_a_tie_with_the_champion_is_not_promoted_unless_it_is_faster():
+    """Each promotion is a reload in production: equal to every digit is not an improvement; a
+    challenger within the allowed drop needs the stated speed gain; min_improvement raises the bar."""
+    gates = registry.Gates(max_score_drop=1.0, min_speedup=0.0)
+    champion = {"ar.overall_present": 99.68, "ar.overall_terms": 1.0, "ar.tokens_per_second": 100.0,
+                "sdb.forward_reduction": 2.0}
+    tie = dict(champion)
+    [reason] = registry.check_gates(tie, champion, gates)
+    assert "does not improve on the champion's 99.68" in reason and "a tie is not promoted" in reason
+    assert registry.check_gates({**tie, "ar.overall_present": 99.69}, champion, gates) == []
+    assert registry.check_gates({**tie, "ar.tokens_per_second": 130.0}, champion, gates) == []  # stated speed gain
+    assert registry.check_gates({**tie, "ar.overall_present": 99.0, "ar.tokens_per_second": 130.0}, champion, gates) == []
+    [reason] = registry.check_gates({**tie, "ar.overall_present": 98.0, "ar.tokens_per_second": 130.0}, champion, gates)
+    assert "below the champion's 99.68 - 1.0" in reason
+    demanding = registry.Gates(min_improvement=0.5, min_speedup=0.0)
+    assert registry.check_gates({**tie, "ar.overall_present": 100.0}, champion, demanding)
+    assert registry.check_gates({**tie, "ar.overall_present": 100.0}, champion, registry.Gates(min_speedup=0.0)) == []
 
 
 def test_register_and_promote_only_when_gates_pass(report, tiny_model_dir, tmp_path, monkeypatch):

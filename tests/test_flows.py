@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -52,6 +53,18 @@ def test_pipeline_config_rejects_unknown_keys_and_a_first_stage_that_cannot_star
         load_pipeline_config(path)
     with pytest.raises(PipelineConfigError, match="does not exist"):
         load_pipeline_config(tmp_path / "missing.yaml")
+
+
+def test_a_data_dir_outside_its_repository_is_refused_when_the_config_is_read(tmp_path):
+    """Found when the config is read, before ingestion and pre-annotation ran (was: a traceback at
+    the versioning step, after them)."""
+    config = _pipeline_yaml(tmp_path)
+    outside = str(tmp_path / "elsewhere" / "data")
+    with pytest.raises(PipelineConfigError, match=r"data_dir .* is not inside repo_root"):
+        load_pipeline_config(config, {"data_dir": outside})
+    with pytest.raises(PipelineConfigError, match="is not inside repo_root"):
+        load_pipeline_config(config, {"data_dir": "../sibling"})
+    assert load_pipeline_config(config, {"data_dir": "nested/data"}).data_root.name == "data"
 
 
 def test_the_chain_follows_the_stages_the_config_declares(tmp_path):
@@ -193,6 +206,25 @@ def test_retrain_deployment_carries_its_cron_schedule(prefect_api):
     assert stored.parameters["replay_traffic"] is False
 
 
+@pytest.mark.parametrize("gate", ["unchanged", "not promoted"])
+def test_retrain_monitors_whatever_the_gate_decided(prefect_api, tmp_path, monkeypatch, gate):
+    """Nothing new to promote still runs the drift check and the feedback: production pages were
+    served meanwhile, and a scheduled retrain is the scheduled monitoring too."""
+    import flows.retrain as chain
+
+    cfg = load_pipeline_config(_pipeline_yaml(tmp_path, deploy={"enabled": False}))
+    evaluation = ({"unchanged": True, "gate_failures": ["no stage kept a change"]} if gate == "unchanged"
+                  else {"promoted": False, "gate_failures": ["overall_present 90.0 <= champion 90.0"]})
+    ran: list[str] = []
+    monkeypatch.setattr(chain, "curate", lambda cfg: {})
+    monkeypatch.setattr(chain, "train", lambda cfg: {"model_dir": str(tmp_path / "model")})
+    monkeypatch.setattr(chain, "evaluate", lambda *args, **kwargs: evaluation)
+    monkeypatch.setattr(chain, "deploy", lambda cfg: ran.append("deploy") or {})
+    monkeypatch.setattr(chain, "monitor", lambda cfg, since=None: ran.append("monitor") or {"drift": {}})
+    summary = chain.retrain(cfg)
+    assert ran == ["monitor"] and summary["monitor"] == {"drift": {}}
+
+
 def test_stage_progress_line_reads_the_metrics_log(tmp_path):
     from lifecycle.stages import progress_line
 
@@ -234,8 +266,34 @@ def test_a_stage_that_ends_below_its_input_is_reported_and_the_chain_keeps_the_i
     assert worse.pages == 3 and "ENDED BELOW" in worse.line()
     better = check_stage(cfg, "stage2", curation_model_dir, base)
     assert not better.below and better.kept == str(base)
+    assert "truth: synthetic 3" in better.line()  # the check names the truth it graded on
+    twin = Path(shutil.copytree(base, tmp_path / "twin"))  # a stage that changed nothing the check can see
+    tie = check_stage(cfg, "stage3", base, twin)
+    assert tie.tied and tie.kept == str(base) and "TIED its input" in tie.line()
+    cfg.training.keep_ties = True
+    assert check_stage(cfg, "stage3", base, twin).kept == str(twin)
     cfg.training.keep_better = False
     assert check_stage(cfg, "stage1", base, curation_model_dir).kept == str(curation_model_dir)
+
+
+def test_the_stage_check_takes_pages_with_independent_truth_first_and_names_silver_truth(tmp_path):
+    from components.data.pages import Page
+    from lifecycle.stage_check import check_pages, describe_check_truth
+
+    store = PageDataset(tmp_path / "val")
+    records = {"ocr": {"markup": "read by OCR", "confidence": 0.8, "model_version": "rapidocr-3.4", "elements": [],
+                       "extra": {"source": "ocr"}},
+               "layer": {"markup": "from the text layer", "confidence": 1.0, "model_version": "auto", "elements": [],
+                         "extra": {"source": "text-layer"}}}
+    pages = [Page(f"p{i}", "images/none.png", 32, 32, [], meta={"preannotation": records[kind], "truth": truth},
+                  markup_override=records[kind]["markup"])
+             for i, (kind, truth) in enumerate([("ocr", "preannotation:rapidocr-3.4"), ("ocr", "preannotation:rapidocr-3.4"),
+                                                ("layer", "text-layer")])]
+    store.upsert(pages)
+    chosen = check_pages(store, 2)
+    assert [page.page_id for page in chosen] == ["p2", "p0"]
+    assert describe_check_truth(chosen[1:]).endswith("(silver: graded on a model's pre-annotation, not independent truth)")
+    assert describe_check_truth(chosen[:1]) == "text-layer 1"
 
 
 def test_stage2_without_hard_pages_trains_on_its_dataset_alone(tmp_path):

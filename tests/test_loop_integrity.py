@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import stat
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from components.data.synthetic import SyntheticConfig, generate_dataset
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
 from components.evaluation.evaluate import OwnOutputTruthError, evaluate_decoders
+from components.services.process import VAR_DIR
 from models.loading import model_fingerprint, new_tiny_model, save_markup_model
 from monitoring.drift import MIN_VERDICT_PAGES, NotEnoughPagesError, check_drift
 from tests.test_pdf_loader import write_pdf_objects
@@ -245,29 +247,52 @@ from tests.test_triton_server import MAX_TOKENS, client, png, registry, triton  
 
 @pytest.mark.services
 def test_the_platforms_own_probes_never_reach_the_request_log_or_the_metrics(triton, client, registry):  # noqa: F811
+    """Probes in page and element mode, unary and streamed, leave no observation in any of the
+    backend's series (elements and batch sizes included) and no request-log entry; real traffic does."""
     from components.data.synthetic import generate_page
-    from monitoring.backend_metrics import parse_samples, sample_value
+    from monitoring.backend_metrics import parse_samples
     from monitoring.request_log import RequestLog
 
     probe, traffic = png(generate_page(501)[1]), png(generate_page(502)[1])
-    name = "docmarkup_request_latency_seconds_count"
 
-    def answered(samples) -> float:  # pages the metrics counted, both models
-        return sum(sample_value(samples, name, model=model, decoder="ar") or 0 for model in ("docmarkup", "docmarkup_stream"))
+    def ours(samples) -> dict:  # every sample of the backend's own series, by name and labels
+        return {key: value for key, value in samples.items() if key[0].startswith("docmarkup_")}
 
-    before = parse_samples(triton.metrics_text())
-    client.transcribe(probe, decoder="ar", max_new_tokens=MAX_TOKENS, probe=True)
-    with client.stream_transcribe(probe, decoder="ar", max_new_tokens=MAX_TOKENS, probe=True) as stream:
-        probed = "".join(chunk.text for chunk in stream)
-    assert probed  # a probe is answered like any request
-    middle = parse_samples(triton.metrics_text())
-    served = client.transcribe(traffic, decoder="ar", max_new_tokens=MAX_TOKENS)
-    after = parse_samples(triton.metrics_text())
+    before = ours(parse_samples(triton.metrics_text()))
+    for parse in ("page", "elements"):
+        client.transcribe(probe, decoder="ar", max_new_tokens=MAX_TOKENS, parse=parse, probe=True)
+        with client.stream_transcribe(probe, decoder="ar", max_new_tokens=MAX_TOKENS, parse=parse, probe=True) as stream:
+            probed = "".join(chunk.text for chunk in stream)
+        assert probed  # a probe is answered like any request
+    middle = ours(parse_samples(triton.metrics_text()))
+    changed = {key for key in set(before) | set(middle) if before.get(key, 0.0) != middle.get(key, 0.0)}
+    assert not changed, f"probes reached the metrics: {sorted(changed)[:5]}"
+    served = client.transcribe(traffic, decoder="ar", max_new_tokens=MAX_TOKENS, parse="elements")
+    after = ours(parse_samples(triton.metrics_text()))
+    grown = {key[0] for key in after if after[key] != middle.get(key, 0.0)}
+    assert {"docmarkup_request_latency_seconds_count", "docmarkup_elements_total",
+            "docmarkup_batch_pages_count"} <= grown
     log = RequestLog(registry["root"] / "requests")
     logged = {entry.page_id for entry in log.entries()}
     assert RequestLog.page_id_for(probe) not in logged and RequestLog.page_id_for(traffic) in logged
-    assert answered(middle) - answered(before) == 0 and answered(after) - answered(middle) == 1
     assert served.text is not None
+
+
+@pytest.mark.services
+def test_a_probe_without_the_platforms_key_is_refused_with_the_reason(triton, client):  # noqa: F811
+    """Only the platform may hide a request from monitoring: a client's own PROBE is refused."""
+    from components.data.synthetic import generate_page
+    from deploy.triton.client import DocMarkupClient, TranscriptionError
+
+    page = png(generate_page(503)[1])
+    guesser = DocMarkupClient(triton.http_url, triton.grpc_url, timeout_s=300, probe_key="not-the-key")
+    with pytest.raises(TranscriptionError, match="PROBE is reserved") as refused:
+        guesser.transcribe(page, decoder="ar", max_new_tokens=MAX_TOKENS, probe=True)
+    assert refused.value.status == "400"
+    with pytest.raises(ValueError, match="probe key"):
+        DocMarkupClient(triton.http_url, triton.grpc_url).transcribe(page, probe=True)
+    key_file = VAR_DIR / "services" / triton.name / "probe.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600 and key_file.read_text().strip() == triton.probe_key
 
 
 def test_services_refuse_a_port_another_process_holds():

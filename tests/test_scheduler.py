@@ -166,6 +166,20 @@ def test_bad_pages_cancels_and_a_full_queue_fail_only_their_own_request(base_eng
     assert kept.wait(0).token_ids == good.wait(0).token_ids
 
 
+def test_admission_counts_pages_never_the_pieces_of_accepted_pages(base_engine):
+    """A dense page's forty line crops wait for rows (pieces, ``bounded=False``): the next pages
+    are still admitted up to ``max_waiting`` pages, and only then refused."""
+    scheduler = ContinuousScheduler(base_engine, max_rows=4, max_waiting=3)
+    crop = _crops()[0]
+    for _ in range(40):
+        scheduler.submit(crop, DecodeParams(max_new_tokens=4), bounded=False)
+    for _ in range(3):
+        scheduler.submit(_pages(1)[0], DecodeParams(max_new_tokens=4))
+    assert scheduler.waiting == 43 and scheduler.waiting_pages == 3
+    with pytest.raises(QueueFullError, match="3 pages already wait"):
+        scheduler.submit(_pages(1)[0], DecodeParams(max_new_tokens=4))
+
+
 @pytest.mark.parametrize("overlap_prefill", [False, True])
 def test_the_engine_loop_thread_serves_concurrent_submitters(base_engine, overlap_prefill):
     """Eight clients, four rows: pages join while others decode (with ``overlap_prefill`` their

@@ -107,7 +107,7 @@ def triton(registry):
 
 @pytest.fixture(scope="module")
 def client(triton) -> DocMarkupClient:
-    return DocMarkupClient(triton.http_url, triton.grpc_url, timeout_s=300)
+    return DocMarkupClient(triton.http_url, triton.grpc_url, timeout_s=300, probe_key=triton.probe_key)
 
 
 @pytest.fixture(scope="module")
@@ -324,6 +324,48 @@ def test_a_burst_past_the_queue_is_refused_at_once_and_every_accepted_page_is_an
         assert answer.token_ids == alone.token_ids
     assert client.ready()
     assert client.transcribe(pages[0], max_new_tokens=MAX_TOKENS).token_ids
+
+
+def _dense_page(seeds: tuple[int, ...]) -> bytes:
+    """Several standard synthetic pages stacked into one tall page: dozens of elements to crop."""
+    from components.data.synthetic import SyntheticConfig
+
+    parts = [generate_page(seed, cfg=SyntheticConfig.preset("standard"))[1] for seed in seeds]
+    page = Image.new("RGB", (max(p.width for p in parts), sum(p.height for p in parts)), "white")
+    top = 0
+    for part in parts:
+        page.paste(part, (0, top))
+        top += part.height
+    return png(page)
+
+
+@pytest.mark.services
+def test_element_mode_admission_counts_pages_not_their_crops(triton, client, registry):
+    """Twelve dense pages at once in element mode, each with dozens of crops (far more crops than
+    the 32 waiting places): admission counts pages, so none is refused, and each page's answer is
+    its own reading (one checked against the engine reading it alone)."""
+    from components.parsing import ParseSettings, read_pages
+
+    pages = [_dense_page((seed, seed + 1, seed + 2)) for seed in range(60, 72)]
+    start = threading.Barrier(len(pages))
+
+    def send(image: bytes):
+        start.wait()
+        try:
+            return client.transcribe(image, parse="elements", max_new_tokens=8)
+        except TranscriptionError as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(pages)) as pool:
+        answers = list(pool.map(send, pages))
+    refused = [answer for answer in answers if isinstance(answer, Exception)]
+    assert not refused, refused[:2]
+    crops = sum(len(answer.stats["elements"]) for answer in answers)
+    assert crops > 32 + 8 * len(pages) // 2  # the crops alone would have overflowed a queue that counted them
+    engine = DecodingEngine.from_pretrained(registry["folders"]["2"])
+    [alone] = read_pages(engine, [Image.open(io.BytesIO(pages[0])).convert("RGB")], DecodeParams(max_new_tokens=8),
+                         ParseSettings("elements", "rapid-layout"))
+    assert answers[0].text == alone.text
 
 
 def test_a_page_past_its_own_timeout_is_answered_504_and_the_rows_ahead_are_not_disturbed(client, registry):

@@ -60,6 +60,7 @@ class Ticket:
     error: BaseException | None = None
     cancelled: bool = False
     deadline: float | None = None  # perf_counter time after which the page is dropped, waiting or decoding
+    bounded: bool = True  # a page admission counts; False: a piece (element crop, line) of an accepted page
     row: RowState | None = None  # its decoding row, once admitted
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -121,13 +122,14 @@ class ContinuousScheduler:
                on_done: Callable[[Ticket], None] | None = None, bounded: bool = True,
                timeout_s: float | None = None) -> Ticket:
         """Queue one page. ``bounded``: refuse it (:class:`QueueFullError`) when ``max_waiting`` pages
-        wait already; the pieces of a page that was accepted earlier (its element crops) are not.
+        wait already; the pieces of a page that was accepted earlier (its element crops, its text
+        lines) are neither refused nor counted as waiting pages.
         ``timeout_s``: the page's own limit; past it, it ends with :class:`DeadlineExceededError`,
         still waiting (it never starts) or decoding (its row leaves)."""
         with self._lock:
-            if bounded and self.max_waiting is not None and len(self._waiting) >= self.max_waiting:
-                raise QueueFullError(f"{len(self._waiting)} pages already wait for a decoding row")
-            ticket = Ticket(next(self._keys), image, params, prompt, on_event, on_done)
+            if bounded and self.max_waiting is not None and self.waiting_pages >= self.max_waiting:
+                raise QueueFullError(f"{self.waiting_pages} pages already wait for a decoding row")
+            ticket = Ticket(next(self._keys), image, params, prompt, on_event, on_done, bounded=bounded)
             if timeout_s is not None:
                 ticket.deadline = ticket.submitted + timeout_s
             self._waiting.append(ticket)
@@ -144,7 +146,13 @@ class ContinuousScheduler:
 
     @property
     def waiting(self) -> int:
+        """Everything queued for a row: pages and the pieces of accepted pages."""
         return len(self._waiting)
+
+    @property
+    def waiting_pages(self) -> int:
+        """Queued pages that admission counts (the pieces of accepted pages are not pages)."""
+        return sum(1 for ticket in self._waiting if ticket.bounded)
 
     @property
     def decoding(self) -> int:

@@ -70,7 +70,11 @@ def configure(tracking_uri: str | None = None, experiment: str = "docmarkup") ->
 class Gates:
     """What a candidate must show before it becomes champion.
 
-    ``max_score_drop``: how far (Overall points) below the champion's score a candidate may be.
+    ``min_improvement``: how many points of the gated score a candidate must gain over the incumbent
+    (strictly more than this; 0: strictly better). Each promotion is a reload in production, so a
+    candidate that ties its incumbent is not promoted, unless it is faster: at least
+    ``tie_speed_gain`` times the incumbent's tokens/s with the score decoder, measured in the same run,
+    and then no more than ``max_score_drop`` points below it.
     ``min_speedup``: the speed ratio over AR, measured in the same run, of ``speed_decoder``.
     ``min_overall``: an absolute floor, so a first model cannot be champion just by existing.
     ``score_metric``: ``overall`` (OmniDocBench's, a missing term counting 0), ``overall_present``
@@ -79,6 +83,8 @@ class Gates:
     """
 
     max_score_drop: float = 0.0
+    min_improvement: float = 0.0
+    tie_speed_gain: float = 1.2
     min_speedup: float = 1.0
     speed_decoder: str = "sdb"
     speed_metric: str = "forward_reduction"
@@ -163,8 +169,10 @@ def version_metrics(name: str, version: str) -> dict[str, float]:
 
 
 def check_gates(candidate: dict[str, float], incumbent: dict[str, float] | None, gates: Gates,
-                incumbent_label: str = "the champion's") -> list[str]:
-    """Reasons the candidate fails (empty list = passes). Pure, so it is tested without MLflow."""
+                incumbent_label: str = "the champion's", incumbent_serves: bool = True) -> list[str]:
+    """Reasons the candidate fails (empty list = passes). Pure, so it is tested without MLflow.
+    ``incumbent_serves``: the incumbent is a served champion, so a tie would only cost a reload (a first
+    champion, compared with the checkpoint training started from, may be within ``max_score_drop``)."""
     failures = []
     score_key = score_key_for(candidate, gates)
     speed_key = f"{gates.speed_decoder}.{gates.speed_metric}"
@@ -174,8 +182,9 @@ def check_gates(candidate: dict[str, float], incumbent: dict[str, float] | None,
     elif score < gates.min_overall:
         failures.append(f"{score_key}={score:.2f} is below the floor {gates.min_overall:.2f}")
     if incumbent is not None and score is not None and score_key in incumbent:
-        floor = incumbent[score_key] - gates.max_score_drop
-        if score < floor:
+        if incumbent_serves:
+            failures += _against_incumbent(candidate, incumbent, score_key, gates, incumbent_label)
+        elif score < incumbent[score_key] - gates.max_score_drop:
             failures.append(f"{score_key}={score:.2f} is below {incumbent_label} {incumbent[score_key]:.2f} - {gates.max_score_drop}")
     speed = candidate.get(speed_key)
     if speed is None:
@@ -183,6 +192,29 @@ def check_gates(candidate: dict[str, float], incumbent: dict[str, float] | None,
     elif speed < gates.min_speedup:
         failures.append(f"{speed_key}={speed:.2f} is below the required {gates.min_speedup:.2f}x")
     return failures
+
+
+def _against_incumbent(candidate: dict[str, float], incumbent: dict[str, float], score_key: str, gates: Gates,
+                       incumbent_label: str) -> list[str]:
+    """Better than the incumbent by more than ``min_improvement``, or as good (within
+    ``max_score_drop``) and faster by ``tie_speed_gain``; else the reason, with both numbers."""
+    score, held = candidate[score_key], incumbent[score_key]
+    if score - held > gates.min_improvement:
+        return []
+    if score < held - gates.max_score_drop:
+        return [f"{score_key}={score:.2f} is below {incumbent_label} {held:.2f} - {gates.max_score_drop}"]
+    speed_key = f"{gates.score_decoder}.tokens_per_second"
+    ratio = _ratio_of(candidate.get(speed_key), incumbent.get(speed_key))
+    if ratio is not None and ratio >= gates.tie_speed_gain:
+        return []
+    speed = "no speed of the incumbent to compare" if ratio is None else f"{ratio:.2f}x its tokens/s"
+    return [f"{score_key}={score:.2f} does not improve on {incumbent_label} {held:.2f} by more than "
+            f"{gates.min_improvement:g} (min_improvement) and reads at {speed} (tie_speed_gain "
+            f"{gates.tie_speed_gain:g}x): a tie is not promoted"]
+
+
+def _ratio_of(numerator: float | None, denominator: float | None) -> float | None:
+    return None if numerator is None or not denominator else float(numerator) / float(denominator)
 
 
 def gates_description(candidate: dict[str, float], incumbent: dict[str, float] | None, gates: Gates,
@@ -199,7 +231,11 @@ def gates_description(candidate: dict[str, float], incumbent: dict[str, float] |
              f"- {score_key} = {value(candidate, score_key)} >= floor {gates.min_overall:.2f}"]
     if incumbent is not None:
         against = decision.baseline or "the champion's stored score"
-        lines.append(f"- {score_key} >= {value(incumbent, score_key)} ({against}) - {gates.max_score_drop}")
+        if decision.previous_champion is None:  # a first champion: nothing served to reload
+            lines.append(f"- {score_key} >= {value(incumbent, score_key)} ({against}) - {gates.max_score_drop}")
+        else:
+            lines.append(f"- {score_key} > {value(incumbent, score_key)} ({against}) + {gates.min_improvement:g}, or within "
+                         f"{gates.max_score_drop:g} of it at {gates.tie_speed_gain:g}x its tokens/s")
     lines.append(f"- {speed_key} = {value(candidate, speed_key)} >= {gates.min_speedup:.2f}")
     lines += [f"- failed: {reason}" for reason in decision.reasons]
     return "\n".join(lines)
@@ -222,7 +258,7 @@ def promote_if_passing(name: str, version: str, gates: Gates, alias: str = CHAMP
         incumbent = version_metrics(name, str(current.version))
     metrics = version_metrics(name, version)
     label = f"{baseline_label} (same pages, this run)" if baseline is not None and baseline_label else "the champion's"
-    reasons = check_gates(metrics, incumbent, gates, incumbent_label=label)
+    reasons = check_gates(metrics, incumbent, gates, incumbent_label=label, incumbent_serves=current is not None)
     decision = PromotionDecision(
         passed=not reasons, version=str(version), reasons=reasons,
         previous_champion=None if current is None else str(current.version), score_metric=score_key_for(metrics, gates),

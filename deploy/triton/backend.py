@@ -112,6 +112,8 @@ class TritonPythonModel:
             cache_dir=Path(parameters["model_cache_dir"]) if parameters.get("model_cache_dir") else None,
         )
         self.model_info = resolved.describe()
+        key_file = parameters.get("probe_key_file")
+        self.probe_key = Path(key_file).read_text().strip() if key_file else None  # None: every PROBE refused
         self.engine = DecodingEngine.from_pretrained(resolved.path, device=instance_device(parameters.get("device"), args),
                                                      **STEP_SWITCHES[parameters.get("engine_step") or "default"])
         self.default_parse = resolve_parse(parameters.get("default_parse") or "auto", resolved.path)
@@ -128,7 +130,7 @@ class TritonPythonModel:
         if self.batching not in BATCHING_MODES:
             raise ValueError(f"batching {self.batching!r} is not one of {BATCHING_MODES}")
         self.scheduler: ContinuousScheduler | None = None
-        self._element_pending = 0
+        self._element_pages = 0  # element-mode pages accepted and not yet read to their last crop
         if self.batching == "continuous":
             max_waiting = int(parameters.get("max_waiting") or 0)
             self.scheduler = ContinuousScheduler(
@@ -223,30 +225,36 @@ class TritonPythonModel:
                 self.responder.call(lambda p=page, error=exc: (self._fail(p, error), self._end()))
 
     def _queue_elements(self, page: _StreamedPage) -> None:
-        """Element mode: layout and crops on a worker thread; the crops join the engine loop's batch."""
+        """Element mode: layout and crops on a worker thread; the crops join the engine loop's batch.
+
+        Admission counts pages, never their lines: an element page counts from acceptance until its
+        last crop is decoded (``max_waiting`` element pages in flight, beside the page-mode pages
+        waiting for a row); its crops and lines queue for rows uncounted."""
         limit = self.scheduler.max_waiting
         with self._idle:
-            if limit is not None and self.scheduler.waiting + self._element_pending >= limit:
-                raise QueueFullError(f"{self.scheduler.waiting + self._element_pending} pages already wait")
-            self._element_pending += 1
+            held = self.scheduler.waiting_pages + self._element_pages
+            if limit is not None and held >= limit:
+                raise QueueFullError(f"{held} pages already wait or are being read")
+            self._element_pages += 1
         self._element_workers.submit(self._parse_elements, page)
 
     def _parse_elements(self, page: _StreamedPage) -> None:
         """A worker thread: the page's two-stage parse, its crops decoded by the engine loop."""
         params, image = page.parsed[0], page.parsed[1]
-        with self._idle:
-            self._element_pending -= 1
         try:
-            [result] = self._read([image], params, "elements", engine=ScheduledEngine(self.scheduler), record=False)
+            [result] = self._read([image], params, "elements", engine=ScheduledEngine(self.scheduler))
         except Exception as exc:
             self.responder.call(lambda error=exc: (self._fail(page, error), self._end()))
             return
+        finally:
+            with self._idle:
+                self._element_pages -= 1
         self.responder.call(lambda: self._answer_elements(page, result))
 
     def _answer_elements(self, page: _StreamedPage, result: DecodeResult) -> None:
         params = page.parsed[0]
         try:
-            self._record_elements(params, [result])
+            self._record_elements(self._metrics_of(page), params, [result])
             if not self.decoupled:
                 self._answer(page, result)
                 return
@@ -288,7 +296,7 @@ class TritonPythonModel:
                 self._close_cancelled(page, params, page.started)
             elif isinstance(ticket.error, DeadlineExceededError):
                 page.closed = True
-                self.metrics.record_request(params.decoder, "timeout", time.perf_counter() - page.started)
+                self._metrics_of(page).record_request(params.decoder, "timeout", time.perf_counter() - page.started)
                 self._send_final(page.sender, pb_utils.InferenceResponse(error=_error(str(ticket.error), status=504)))
             elif ticket.error is not None:
                 self._fail(page, ticket.error)
@@ -306,7 +314,7 @@ class TritonPythonModel:
         page.closed = True
         params = page.parsed[0]
         batch = self.scheduler.decoding + 1
-        self.metrics.record_batch(params.decoder, batch)
+        self._metrics_of(page).record_batch(params.decoder, batch)
         response = self._page_response(result, params, page.parsed[2], time.perf_counter() - page.started,
                                        batch_size=batch, probe=page.parsed[4])
         self._send_final(page.sender, response)
@@ -316,7 +324,7 @@ class TritonPythonModel:
         page.closed = True
         try:
             params = page.parsed[0]
-            self.metrics.record_request(params.decoder, "refused", time.perf_counter() - page.started)
+            self._metrics_of(page).record_request(params.decoder, "refused", time.perf_counter() - page.started)
             self._send_final(page.sender, pb_utils.InferenceResponse(error=_error(
                 f"server busy: the queue is full ({exc}; max_waiting {self.scheduler.max_waiting}), retry later",
                 pb_utils.TritonError.UNAVAILABLE)))
@@ -329,7 +337,7 @@ class TritonPythonModel:
         page.closed = True
         params = page.parsed[0]
         self._log_failure("decoding failed", exc)
-        self.metrics.record_request(params.decoder, "error", time.perf_counter() - page.started)
+        self._metrics_of(page).record_request(params.decoder, "error", time.perf_counter() - page.started)
         code = pb_utils.TritonError.INVALID_ARG if isinstance(exc, (ValueError, InvalidPageError)) else None
         self._send_final(page.sender, pb_utils.InferenceResponse(
             error=_error(f"decoding failed: {type(exc).__name__}: {exc}", code)))
@@ -352,12 +360,14 @@ class TritonPythonModel:
         except ValueError as exc:
             raise protocol.RequestError(str(exc)) from exc
         image_bytes = protocol.image_bytes_from_input(inputs[protocol.IMAGE_INPUT])
-        return params, protocol.load_page_input(image_bytes), image_bytes, mode, protocol.probe_from_inputs(inputs)
+        probe = protocol.probe_from_inputs(inputs, self.probe_key)
+        return params, protocol.load_page_input(image_bytes), image_bytes, mode, probe
 
-    def _read(self, images: list, params: DecodeParams, mode: str, engine=None, record: bool = True) -> list[DecodeResult]:
+    def _read(self, images: list, params: DecodeParams, mode: str, engine=None,
+              record: BackendMetrics | None = None) -> list[DecodeResult]:
         """Whole pages (one engine call), or two-stage parses whose elements form one engine batch
-        (``engine``: the engine loop's view, under continuous batching; ``record``: count the
-        elements in the metrics now, on this thread)."""
+        (``engine``: the engine loop's view, under continuous batching; ``record``: the metrics to
+        count the elements in now, on this thread)."""
         engine = engine or self.engine
         if mode != "elements":
             return engine.generate(images, params)
@@ -365,20 +375,27 @@ class TritonPythonModel:
             if self._layout is None:
                 self._layout = make_layout(self.parsing.layout)
         results = read_pages(engine, images, params, self.parsing, layout=self._layout)
-        if record:
-            self._record_elements(params, results)
+        if record is not None:
+            self._record_elements(record, params, results)
         return results
 
-    def _record_elements(self, params: DecodeParams, results: list[DecodeResult]) -> None:
+    @staticmethod
+    def _record_elements(metrics: BackendMetrics, params: DecodeParams, results: list[DecodeResult]) -> None:
         for result in results:
             for element in result.parse.elements:
                 outcome = "error" if element.error else "skipped" if element.skipped else "decoded"
-                self.metrics.record_element(params.decoder, element.category, outcome,
+                metrics.record_element(params.decoder, element.category, outcome,
                                             element.confidence if outcome == "decoded" else None)
 
-    def _record_decoding(self, decoder: str, stats: DecodeStats | protocol.StreamAccounting) -> None:
+    def _metrics_of(self, page: _StreamedPage | tuple) -> BackendMetrics:
+        """Where one page's observations go: nowhere for the platform's own probes (``parsed[4]``)."""
+        parsed = page.parsed if isinstance(page, _StreamedPage) else page
+        return self.metrics.of_request(bool(parsed and parsed[4]))
+
+    @staticmethod
+    def _record_decoding(metrics: BackendMetrics, decoder: str, stats: DecodeStats | protocol.StreamAccounting) -> None:
         """Acceleration metrics of one page (engine stats, or a stream's accounting of them)."""
-        self.metrics.record_decoding(
+        metrics.record_decoding(
             decoder, new_tokens=stats.new_tokens, forward_passes=stats.forward_passes,
             accepted_lengths=stats.accepted_lengths, mean_confidence=stats.mean_confidence if stats.new_tokens else None,
         )
@@ -388,10 +405,11 @@ class TritonPythonModel:
                          elements: list[dict] | None = None, probe: bool = False) -> None:
         """Metrics and the production request log (drift checks, low-confidence feedback) of a page
         answered in full; the platform's own probes are not production and leave no record."""
+        metrics = self.metrics.of_request(probe)
+        self._record_decoding(metrics, params.decoder, stats)
+        metrics.record_request(params.decoder, protocol.outcome_of(finished, truncated), latency)
         if probe:
             return
-        self._record_decoding(params.decoder, stats)
-        self.metrics.record_request(params.decoder, protocol.outcome_of(finished, truncated), latency)
         try:
             self.request_log.record(ServedPage(
                 page_id=RequestLog.page_id_for(image_bytes), decoder=params.decoder,
@@ -445,13 +463,14 @@ class TritonPythonModel:
         responses = [None if isinstance(entry, tuple) else pb_utils.InferenceResponse(error=entry) for entry in parsed]
         for group in self._groups(parsed):
             params = parsed[group[0]][0]
-            self.metrics.record_batch(params.decoder, len(group))
+            group_metrics = self.metrics.of_request(all(parsed[i][4] for i in group))
+            group_metrics.record_batch(params.decoder, len(group))
             try:
-                results = self._read([parsed[i][1] for i in group], params, parsed[group[0]][3])
+                results = self._read([parsed[i][1] for i in group], params, parsed[group[0]][3], record=group_metrics)
             except Exception as exc:
                 self._log_failure("decoding failed", exc)
                 for i in group:
-                    self.metrics.record_request(params.decoder, "error", time.perf_counter() - started)
+                    self._metrics_of(parsed[i]).record_request(params.decoder, "error", time.perf_counter() - started)
                     responses[i] = pb_utils.InferenceResponse(
                         error=_error(f"decoding failed: {type(exc).__name__}: {exc}"))
                 continue
@@ -523,10 +542,13 @@ class TritonPythonModel:
         forwards for it); the others go on.
         """
         params = parsed[0][0]
-        self.metrics.record_batch(params.decoder, len(requests))
-        pages = [_StreamedPage(request.get_response_sender()) for request in requests]
+        group_metrics = self.metrics.of_request(all(entry[4] for entry in parsed))
+        group_metrics.record_batch(params.decoder, len(requests))
+        pages = [_StreamedPage(request.get_response_sender(), parsed=entry)
+                 for request, entry in zip(requests, parsed, strict=True)]
         if parsed[0][3] == "elements":
-            events = self._element_events(self._read([entry[1] for entry in parsed], params, "elements"), pages)
+            events = self._element_events(
+                self._read([entry[1] for entry in parsed], params, "elements", record=group_metrics), pages)
         else:
             events = self.engine.stream([entry[1] for entry in parsed], params, cancelled=lambda row: pages[row].closed)
         try:
@@ -550,7 +572,7 @@ class TritonPythonModel:
             for page in pages:
                 if not page.closed:
                     page.closed = True
-                    self.metrics.record_request(params.decoder, "error", time.perf_counter() - started)
+                    self._metrics_of(page).record_request(params.decoder, "error", time.perf_counter() - started)
                     page.sender.send(pb_utils.InferenceResponse(
                         error=_error(f"decoding failed: {type(exc).__name__}: {exc}")), flags=FINAL)
         finally:
@@ -580,8 +602,9 @@ class TritonPythonModel:
 
     def _close_cancelled(self, page: _StreamedPage, params: DecodeParams, started: float) -> None:
         page.closed = True
-        self._record_decoding(params.decoder, page.accounting)
-        self.metrics.record_request(params.decoder, "cancelled", time.perf_counter() - started)
+        metrics = self._metrics_of(page)
+        self._record_decoding(metrics, params.decoder, page.accounting)
+        metrics.record_request(params.decoder, "cancelled", time.perf_counter() - started)
         self.logger.log_info(f"{self.model_name}: request cancelled after {page.accounting.forward_passes} forwards")
         try:  # the client may be gone already; the final flag still releases the request
             page.sender.send(pb_utils.InferenceResponse(error=_error("request cancelled", pb_utils.TritonError.CANCELLED)),
@@ -619,7 +642,7 @@ class _StreamedPage:
     text: list[str] = field(default_factory=list)
     closed: bool = False
     elements: list[dict] = field(default_factory=list)  # element mode: the served boxes, for the request log
-    parsed: tuple | None = None  # continuous batching: (params, image, image bytes, mode, probe)
+    parsed: tuple | None = None  # (params, image, image bytes, mode, probe)
     started: float = 0.0  # when its execute began (latency counts from there)
     ticket: Ticket | None = None  # continuous batching: its place in the engine loop
     cancel_asked: bool = False  # continuous batching: the client went away, the row is being dropped

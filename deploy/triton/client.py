@@ -92,13 +92,13 @@ def request_values(image: bytes | str | Path | Image.Image, **options: Any) -> d
     """Input name -> one-element array, for the image and every option that is not None."""
     fields = {field_name: input_name for input_name, (field_name, _) in protocol.PARAMETER_INPUTS.items()}
     fields["parse"] = protocol.PARSE_INPUT  # page | elements
-    fields["probe"] = protocol.PROBE_INPUT  # True: the platform's own request, kept out of production records
+    fields["probe"] = protocol.PROBE_INPUT  # the deployment's probe key: the platform's own request
     unknown = set(options) - set(fields)
     if unknown:
         raise TypeError(f"unknown decoding options {sorted(unknown)}; expected {sorted(fields)}")
     values = {protocol.IMAGE_INPUT: np.array([encode_image(image)], dtype=np.object_)}
     for field_name, value in options.items():
-        if value is None or (field_name == "probe" and not value):
+        if value is None:
             continue
         name = fields[field_name]
         kind = _NUMPY_TYPES[protocol.INPUT_DATATYPES[name]]
@@ -207,8 +207,12 @@ class DocMarkupClient:
     """Talks to a docmarkup Triton deployment (``host:port`` URLs, no scheme)."""
 
     def __init__(self, http_url: str = "127.0.0.1:8000", grpc_url: str = "127.0.0.1:8001", *,
-                 model: str = MODEL_NAME, stream_model: str = STREAM_MODEL_NAME, timeout_s: float = 600.0):
+                 model: str = MODEL_NAME, stream_model: str = STREAM_MODEL_NAME, timeout_s: float = 600.0,
+                 probe_key: str | None = None):
+        """``probe_key``: the deployment's probe key (``TritonServer.probe_key``), for the platform's
+        own requests only (``probe=True``); product clients leave it out."""
         self.http_url = http_url
+        self.probe_key = probe_key
         self.grpc_url = grpc_url
         self.model = model
         self.stream_model = stream_model
@@ -249,7 +253,7 @@ class DocMarkupClient:
         "504" (continuous batching honours it; this is not the client's network timeout)."""
         values = request_values(image, decoder=decoder, threshold=threshold, window=window, block_length=block_length,
                                 span=span, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
-                                parse=parse, probe=probe)
+                                parse=parse, probe=self._probe(probe))
         client = self._http()
         outputs = [httpclient.InferRequestedOutput(name, binary_data=True)
                    for name in (protocol.TEXT_OUTPUT, protocol.TOKEN_IDS_OUTPUT, protocol.STATS_OUTPUT)]
@@ -293,11 +297,20 @@ class DocMarkupClient:
             raise failures[0]
         return results
 
+    def _probe(self, probe: bool) -> str | None:
+        """The ``PROBE`` value of a request: the probe key for the platform's own, else nothing."""
+        if not probe:
+            return None
+        if not self.probe_key:
+            raise ValueError("probe=True needs the deployment's probe key: DocMarkupClient(..., probe_key=server.probe_key)")
+        return self.probe_key
+
     def stream_transcribe(self, image: bytes | str | Path | Image.Image, **options: Any) -> TranscriptionStream:
         """Decode one page over gRPC streaming; iterate the result for committed text chunks.
 
         Takes the same keyword options as :meth:`transcribe`.
         """
+        options["probe"] = self._probe(options.pop("probe", False))
         values = request_values(image, **options)
         client = grpcclient.InferenceServerClient(self.grpc_url)
         try:

@@ -5,9 +5,11 @@ choosing the decoder per request: ``DECODER`` (BYTES: ar | sdb | block | ppc), `
 (FP32 τ), ``WINDOW`` / ``BLOCK_LENGTH`` / ``SPAN`` / ``MAX_NEW_TOKENS`` (INT32),
 ``TEMPERATURE`` (FP32), ``TOP_K`` (INT32), ``SEED`` (INT64), and ``PARSE`` (BYTES: page | elements):
 a whole page in one decode, or two-stage parsing (layout inside the backend, then every element's
-crop, all elements of the batch's pages in one engine batch); ``PROBE`` (BOOL): the platform's own
-request (deploy's version check, smoke tests), answered but never logged, counted or fed to drift
-checks and the annotators' queue. Anything omitted takes the :class:`DecodeParams` default (the
+crop, all elements of the batch's pages in one engine batch); ``PROBE`` (BYTES): the platform's probe
+key, marking one of its own requests (deploy's version check, smoke tests), answered but never
+logged, counted or fed to drift checks and the annotators' queue. The key is generated at deploy
+time (0600, beside the server's admin key) and checked by the backend: a ``PROBE`` without the key
+is refused with the reason, so no client's traffic can hide from monitoring. Anything omitted takes the :class:`DecodeParams` default (the
 decoder and parse defaults come from the model config).
 
 In element mode ``STATS`` carries ``parse`` and ``elements`` (box, category, markup, confidence,
@@ -25,6 +27,7 @@ batch dimension of 1 on every input and output, Triton groups concurrent request
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import json
 import math
 import re
@@ -58,7 +61,7 @@ PARAMETER_INPUTS: dict[str, tuple[str, type]] = {
 PARSE_INPUT = "PARSE"
 # A request the platform makes of itself (deploy's version check, smoke tests, health probes): it is
 # answered like any other but never reaches the request log, the production metrics, the drift
-# check or the annotators' queue.
+# check or the annotators' queue. It carries the deployment's probe key (see probe_from_inputs).
 PROBE_INPUT = "PROBE"
 INPUT_NAMES = (IMAGE_INPUT, *PARAMETER_INPUTS, PARSE_INPUT, PROBE_INPUT)
 DECODER_INPUT = "DECODER"
@@ -67,7 +70,7 @@ PARSE_MODES = ("page", "elements")
 INPUT_DATATYPES = {
     IMAGE_INPUT: "BYTES", "DECODER": "BYTES", "THRESHOLD": "FP32", "WINDOW": "INT32", "BLOCK_LENGTH": "INT32",
     "SPAN": "INT32", "MAX_NEW_TOKENS": "INT32", "TEMPERATURE": "FP32", "TOP_K": "INT32", "SEED": "INT64",
-    PARSE_INPUT: "BYTES", PROBE_INPUT: "BOOL",
+    PARSE_INPUT: "BYTES", PROBE_INPUT: "BYTES",
 }
 TEXT_OUTPUT, TOKEN_IDS_OUTPUT, STATS_OUTPUT = "TEXT", "TOKEN_IDS", "STATS"
 CONFIDENCES_OUTPUT, FORWARD_PASS_OUTPUT = "CONFIDENCES", "FORWARD_PASS"
@@ -125,10 +128,20 @@ def parse_mode_from_inputs(inputs: Mapping[str, np.ndarray | None], default: str
     return mode
 
 
-def probe_from_inputs(inputs: Mapping[str, np.ndarray | None]) -> bool:
-    """Whether the request is one of the platform's own probes (``PROBE`` true)."""
+def probe_from_inputs(inputs: Mapping[str, np.ndarray | None], probe_key: str | None) -> bool:
+    """Whether the request is one of the platform's own probes: ``PROBE`` carries ``probe_key``.
+
+    A ``PROBE`` that does not (a client's guess, a stale key, a server without one) is a
+    :class:`RequestError`: traffic that could hide from the request log and the metrics is refused
+    with the reason, never served unrecorded."""
     array = inputs.get(PROBE_INPUT)
-    return array is not None and bool(np.asarray(array).reshape(-1)[:1].any())
+    if array is None:
+        return False
+    sent = _scalar(PROBE_INPUT, array, str)
+    if not probe_key or not hmac.compare_digest(sent.encode(), probe_key.encode()):
+        raise RequestError("PROBE is reserved for the platform's own requests and needs its probe key "
+                           "(var/services/<triton service>/probe.key); send the request without PROBE")
+    return True
 
 
 def requested_decoder(array: np.ndarray | None, default: str) -> str:

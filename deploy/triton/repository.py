@@ -123,6 +123,7 @@ def materialize_repository(
     request_log_dir: str | Path | None = None,
     request_log_max_image_mb: float = 1024.0,
     request_log_retention_days: float = 30.0,
+    probe_key_file: str | Path | None = None,
 ) -> Path:
     """Copy the template repository to ``destination`` with the model source filled in.
 
@@ -133,6 +134,8 @@ def materialize_repository(
     queue in front of ``execute`` and, under ``batching="continuous"`` (the engine loop every
     request joins; ``"closed"``: each execute's requests together), the pages waiting for a row;
     ``overlap_prefill``: continuous batching prefills new pages on a thread beside the engine loop.
+    ``probe_key_file``: the 0600 file holding the deployment's probe key (requests that carry it are
+    the platform's own and leave no record; without it every ``PROBE`` is refused).
     Returns ``destination``.
     """
     if default_decoder not in DECODERS:
@@ -183,6 +186,7 @@ def materialize_repository(
         "request_log_dir": str(Path(request_log_dir).resolve()) if request_log_dir else "",
         "request_log_max_image_mb": str(request_log_max_image_mb),
         "request_log_retention_days": str(request_log_retention_days),
+        "probe_key_file": str(Path(probe_key_file).resolve()) if probe_key_file else "",
     }
     for model in MODEL_NAMES:
         config = staging / model / "config.pbtxt"

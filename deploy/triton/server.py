@@ -220,6 +220,18 @@ def admin_key(name: str) -> str:
     return load_or_create_secret(VAR_DIR / "services" / name / "admin.key")
 
 
+def probe_key_file(name: str) -> Path:
+    """The 0600 file of the named server's probe key (made on first use): requests carrying the key
+    are the platform's own (deploy checks, smoke tests) and leave no trace in production records."""
+    path = VAR_DIR / "services" / name / "probe.key"
+    load_or_create_secret(path)
+    return path
+
+
+def probe_key(name: str) -> str:
+    return load_or_create_secret(probe_key_file(name))
+
+
 def shm_prefix(name: str) -> str:
     """Per-service prefix of the Python backend's shared-memory regions (service names are unique)."""
     return f"docmarkup-{name}-"
@@ -320,6 +332,11 @@ class TritonServer:
     @property
     def metrics_url(self) -> str:
         return f"http://{LOOPBACK}:{self.ports.metrics}/metrics"
+
+    @property
+    def probe_key(self) -> str:
+        """What the platform's own requests carry in ``PROBE`` (see :func:`probe_key_file`)."""
+        return probe_key(self.name)
 
     def admin_headers(self, protocol: str = "http") -> dict[str, str]:
         """Headers that open the restricted (model control, shared memory, trace, logging) APIs;
@@ -470,7 +487,7 @@ def start_triton(
         model_uri,
         Path(repository_dir) if repository_dir else TRITON_VAR / name / "model_repository",
         tracking_uri=tracking_uri,
-        **repository_options,
+        **({"probe_key_file": probe_key_file(name)} | repository_options),
     )
     server_env = dict(env or {})
     tracking = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
