@@ -28,8 +28,11 @@ def evaluate(model_dir: str, config: str | PipelineConfig = DEFAULT_CONFIG, over
                            training=training, reports=reports)
     logger = get_run_logger()
     logger.info("\n%s", result["table"])
-    verdict = "promoted to champion" if result["promoted"] else f"NOT promoted: {result['gate_failures']}"
-    logger.info("%s version %s %s", result["model_name"], result["version"], verdict)
+    if result.get("unchanged"):
+        logger.info("%s: %s; no version registered", result["model_name"], result["gate_failures"][0])
+    else:
+        verdict = "promoted to champion" if result["promoted"] else f"NOT promoted: {'; '.join(result['gate_failures'])}"
+        logger.info("%s version %s %s", result["model_name"], result["version"], verdict)
     return result
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 
+from components.metrics import reported_overall
 from components.pipeline import PipelineConfig
 from components.registry.mlflow_registry import champion, configure, default_tracking_uri
 from flows._common import (
@@ -33,6 +34,7 @@ from flows.monitor import monitor
 from flows.train import train
 from lifecycle.deployment import replay_pages
 from lifecycle.evaluation import parse_mode_comparison
+from lifecycle.services import running_url
 
 replay = task(replay_pages, name="replay-traffic", **SERVICE_TASK)
 compare_modes = task(parse_mode_comparison, name="compare-parse-modes", **TASK_DEFAULTS)
@@ -87,7 +89,7 @@ def where_things_are(summary: dict) -> str:
          + ("alias 'champion'" if evaluation["promoted"] else f"not promoted ({'; '.join(evaluation['gate_failures'])})")
          + f"; gated on {evaluation.get('gate_metric')}"),
         *baseline_lines(evaluation),
-        "            browse: ./run services start mlflow  ->  http://127.0.0.1:5000",
+        f"            browse: {running_url('mlflow') or './run services start mlflow [--port N], then http://127.0.0.1:N'}",
         _data_line(summary["train"].get("data_version")),
     ]
     lines += stage_lines(summary["train"].get("stage_checks") or [])
@@ -144,10 +146,11 @@ def baseline_lines(evaluation: dict) -> list[str]:
         lines.append(f"            {evaluation['score']:.2f} here vs {evaluation['baseline_score']:.2f} for "
                      f"{evaluation['baseline']} on the same pages")
     reference = evaluation.get("ocr_reference")
-    metric = (evaluation.get("gate_metric") or ".overall").split(".")[-1]  # the gated score, read off the reference
-    if reference and reference.get(metric) is not None:
-        lines.append(f"            {reference[metric]:.2f} for {reference['name']} (the free OCR, not gated; {metric}), "
-                     f"text edit {reference['text_edit']}, on the same {reference['pages']} pages")
+    if reference:  # the same Overall as the table's, whatever the gate decided
+        overall, label = reported_overall(reference)
+        if overall is not None:
+            lines.append(f"            {overall:.2f} for {reference['name']} (the free OCR, not gated; {label}), "
+                         f"text edit {reference['text_edit']}, on the same {reference['pages']} pages")
     return lines
 
 

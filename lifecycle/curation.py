@@ -7,8 +7,8 @@ involved); they hold no Prefect code, so tests and notebooks run them directly.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from components.curation.labelstudio.api import connect, queued_page_ids
 from components.curation.labelstudio.corrections import apply_corrections, export_corrections
@@ -31,6 +31,7 @@ from components.decoding.types import DecodeParams
 from components.parsing import ParseSettings, read_pages, resolve_parse
 from components.parsing.assembly import element_content, recognition_category
 from components.pipeline import PipelineConfig
+from components.progress import Progress
 from components.services.labelstudio import start_label_studio
 
 logger = logging.getLogger(__name__)
@@ -136,19 +137,39 @@ def preannotate_shard(cfg: PipelineConfig, unit: dict) -> dict:
 
 
 def _preannotation_progress(shard: str, total: int, model_version: str):
-    """A progress callback printing one line per page (slow backends take seconds a page)."""
-    started = time.monotonic()
-    done = 0
+    """A progress callback printing one line per page (slow backends take seconds a page), naming the
+    page as its owner knows it (PDF file and page) and where its text came from."""
+    progress = Progress(f"pre-annotate {model_version} {shard}", total)
 
-    def report(page_id: str, annotation) -> None:
-        nonlocal done
-        done += 1
-        rate = (time.monotonic() - started) / done
-        outcome = f"confidence {annotation.confidence:.3f}" if annotation is not None else "failed"
-        print(f"[pre-annotate {model_version}] {shard}: {done}/{total} {page_id} {outcome} "
-              f"({rate:.1f} s/page, ~{rate * (total - done):.0f}s left)", flush=True)
+    def report(page, annotation) -> None:
+        progress.update(f"{page_name(page)}: {annotation_source(annotation)}", always=True)
 
     return report
+
+
+def page_name(page) -> str:
+    """``manual.pdf p3`` for an imported PDF page, the image file for an image, else the page id."""
+    meta = page.meta
+    if meta.get("pdf_path"):
+        return f"{Path(meta['pdf_path']).name} p{meta.get('page_number', '?')}"
+    if page.source and ":" in page.source and not page.source.startswith("synthetic"):
+        return page.source.split(":", 1)[1]
+    return page.page_id
+
+
+def annotation_source(annotation) -> str:
+    """``text layer, confidence 1.000`` / ``OCR (the text layer is empty), confidence 0.912`` / ``failed``."""
+    if annotation is None:
+        return "failed (see the warning above)"
+    extra = annotation.extra or {}
+    source = extra.get("source") or annotation.model_version
+    if source == "text-layer":
+        where = "text layer"
+    elif str(source).startswith("ocr"):
+        where = f"OCR ({extra['fallback_reason']})" if extra.get("fallback_reason") else "OCR"
+    else:
+        where = str(source)
+    return f"{where}, confidence {annotation.confidence:.3f}"
 
 
 def merge_preannotations(cfg: PipelineConfig, shard_reports: list[dict]) -> str:

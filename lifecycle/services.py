@@ -67,6 +67,20 @@ def stop(name: str) -> bool:
     return _service(name).stop()
 
 
+def status_line(name: str) -> str:
+    """``mlflow: running, pid 123, http://127.0.0.1:5055``: where it listens, as recorded at its start."""
+    service = _service(name)
+    pid = service.pid()
+    if pid is None:
+        return f"{name}: not running"
+    return f"{name}: running, pid {pid}, {service.recorded_url() or 'address not recorded (started before this version)'}"
+
+
+def running_url(name: str) -> str | None:
+    """Where the named service listens now (its recorded URL), or None when it is not running."""
+    return _service(name).recorded_url()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=["start", "stop", "status"])
@@ -92,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             elif args.action == "stop":
                 print(f"{name}: {'stopped' if stop(name) else 'was not running'}")
             else:
-                pid = _service(name).pid()
-                print(f"{name}: {'running, pid ' + str(pid) if pid else 'not running'}")
+                print(status_line(name))
         except ServiceError as exc:
             print(f"{name}: {exc}", file=sys.stderr)
             status = 1

@@ -17,6 +17,7 @@ from components.data.provenance import INDEPENDENT_KINDS, describe_truth, truth_
 from components.decoding.engine import DecodingEngine
 from components.decoding.types import DecodeParams
 from components.evaluation.evaluate import assert_held_out, evaluate_decoders
+from components.metrics import reported_overall
 from components.parsing import ParseSettings, trained_parse_mode
 from components.pipeline import PipelineConfig
 
@@ -59,21 +60,12 @@ class StageCheck:
 def overall_on(model_dir: Path, dataset: PageDataset, pages: list, max_new_tokens: int) -> tuple[float, str]:
     """Greedy AR Overall of a model on ``pages``, read as the model was trained (page or elements):
     OmniDocBench's when the pages have text, tables and formulas, else the mean of the terms present
-    (a prose-only Overall is capped at 33.3); with the metric's name."""
+    (a prose-only Overall is capped at 33.3); with its name."""
     parsing = ParseSettings(trained_parse_mode(model_dir), "ground-truth")
     report = evaluate_decoders(DecodingEngine.from_pretrained(model_dir), dataset,
                                [DecodeParams(decoder="ar", max_new_tokens=max_new_tokens)], pages=pages, parsing=parsing)
-    scores = report.decoders["ar"].scores
-    if scores.get("overall_terms", 3) >= 3:
-        return report.decoders["ar"].overall, "Overall"
-    return float(scores.get("overall_present") or 0.0), f"Overall of the terms present ({present_terms(scores)})"
-
-
-def present_terms(scores: dict) -> str:
-    """Which Overall terms a set has: ``text``, ``text, tables``, ..."""
-    names = [name for name, key in (("text", "text_edit"), ("tables", "table_teds"), ("formulas", "formula_edit"))
-             if scores.get(key) is not None]
-    return ", ".join(names) or "none"
+    overall, label = reported_overall(report.decoders["ar"].scores)
+    return float(overall or 0.0), label
 
 
 def check_pages(dataset: PageDataset, limit: int) -> list:

@@ -61,6 +61,21 @@ def test_report_compares_every_decoder_with_ar_in_one_run(report):
     assert "decoder" in report.table() and "sdb" in report.table()
 
 
+def test_one_overall_in_the_table_named_for_the_terms_present(report):
+    """A near-perfect prose-only reading shows 99.68 (the terms present, as gated), never the
+    capped 33.23; the formula term is named only where formulas exist."""
+    from components.metrics import reported_overall
+
+    prose = copy.deepcopy(report)
+    for ev in prose.decoders.values():
+        ev.scores = {"overall": 33.23, "overall_present": 99.68, "overall_terms": 1.0, "text_edit": 0.0032}
+    table = prose.table()
+    assert table.splitlines()[0].startswith("Overall of the terms present (text); truth:")
+    assert "99.68" in table and "33.23" not in table and "formula term" not in table
+    full = {"overall": 90.0, "overall_present": 90.0, "text_edit": 0.1, "table_teds": 0.9, "formula_edit": 0.1}
+    assert reported_overall(full) == (90.0, "Overall")
+
+
 def test_gates_are_checked_against_the_champion():
     gates = registry.Gates(max_score_drop=1.0, min_speedup=1.5, min_overall=10.0)
     good = {"ar.overall": 50.0, "sdb.forward_reduction": 2.0}

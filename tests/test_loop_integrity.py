@@ -311,6 +311,27 @@ def test_services_refuse_a_port_another_process_holds():
         assert not service.running()
 
 
+def test_services_status_shows_where_each_service_listens(tmp_path):
+    """The URL a service really started on (any port) is recorded at start and shown by status."""
+    import sys
+
+    from components.services.process import ManagedService, free_port, http_ok
+    from lifecycle.services import status_line
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    service = ManagedService("status-url-test", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                             health=lambda: http_ok(url), cwd=tmp_path, ports=(port,), url=url)
+    try:
+        service.start()
+        assert service.recorded_url() == url
+    finally:
+        service.stop()
+        shutil.rmtree(service.state_dir, ignore_errors=True)
+    assert service.recorded_url() is None  # a stopped service has no address
+    assert status_line("mlflow").startswith("mlflow: ")
+
+
 def test_prefect_port_is_configurable():
     from components.pipeline import load_pipeline_config
     from lifecycle.services import PORTS, main

@@ -40,6 +40,7 @@ from components.decoding.types import DecodeParams
 from components.metrics.consistency import CONSISTENCY_KINDS, pairwise_consistency
 from components.parsing import ParseSettings, make_layout, parse_pages
 from components.parsing.assembly import recognition_category
+from components.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -147,8 +148,11 @@ def mine_consistency(
     report = MiningReport(scores={}, hard=[], tau_train=tau_train, settings=settings)
     started = time.perf_counter()
     pending = 0
+    page_ids = list(page_ids) if page_ids is not None else dataset.ids()
+    progress = Progress(f"mine C(x), T={T}", len(page_ids), quiet_s=10.0)
     try:
         for page in dataset.iter_pages(page_ids=page_ids):
+            progress.update(page.page_id)
             previous = latest.get(page.page_id)
             if resume and previous is not None and previous.get("settings_key") == key:
                 report.scores[page.page_id] = previous["consistency"]

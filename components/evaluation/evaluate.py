@@ -23,8 +23,15 @@ from components.data.provenance import describe_truth, truth_counts, truth_of, w
 from components.data.seeds import seen_seeds, synthetic_seeds
 from components.decoding.engine import DecodingEngine, decode_stats_summary
 from components.decoding.types import DECODERS, DecodeParams, DecodeResult
-from components.metrics import aggregate_scores, resolve_formula_metric, score_page
+from components.metrics import (
+    aggregate_scores,
+    present_terms,
+    reported_overall,
+    resolve_formula_metric,
+    score_page,
+)
 from components.parsing import ParseSettings, make_layout, read_pages
+from components.progress import Progress
 
 CATEGORY_METRICS = ("text_edit", "table_teds", "table_teds_s", "formula_edit", "reading_order_edit", "overall")
 
@@ -120,12 +127,16 @@ class EvaluationReport:
     def table(self) -> str:
         """A fixed-width table for terminals and logs."""
         ratios = self.ratios()
-        header = f"{'decoder':<8} {'overall':>8} {'text_ed':>8} {'TEDS':>6} {'form_ed':>8} {'CDM':>6} {'fwd/page':>9} {'TPF':>6} {'tok/s':>8} {'fwd x':>7} {'tok/s x':>8} {'=AR':>5}"
-        lines = [f"Overall's formula term: {self.formula_metric_label}; {self.truth_line}", header, "-" * len(header)]
+        header = f"{'decoder':<8} {'Overall':>8} {'text_ed':>8} {'TEDS':>6} {'form_ed':>8} {'CDM':>6} {'fwd/page':>9} {'TPF':>6} {'tok/s':>8} {'fwd x':>7} {'tok/s x':>8} {'=AR':>5}"
+        first = next(iter(self.decoders.values())).scores
+        _, label = reported_overall(first)
+        formulas = f"; its formula term: {self.formula_metric_label}" if "formulas" in present_terms(first) else ""
+        lines = [f"{label}{formulas}; {self.truth_line}", header, "-" * len(header)]
         for name, ev in self.decoders.items():
             s, r = ev.scores, ratios[name]
+            overall, _ = reported_overall(s)
             lines.append(
-                f"{name:<8} {ev.overall:8.2f} {_fmt(s.get('text_edit')):>8} {_fmt(s.get('table_teds')):>6} "
+                f"{name:<8} {overall or 0.0:8.2f} {_fmt(s.get('text_edit')):>8} {_fmt(s.get('table_teds')):>6} "
                 f"{_fmt(s.get('formula_edit')):>8} {_fmt(s.get('formula_cdm')):>6} "
                 f"{ev.speed['forward_passes'] / max(1, self.n_pages):9.1f} "
                 f"{ev.speed['tokens_per_forward']:6.2f} {ev.speed['tokens_per_second']:8.1f} "
@@ -228,9 +239,11 @@ def evaluate_decoder(
     results: list[DecodeResult] = []
     layout = make_layout(parsing.layout) if parsing is not None and parsing.elements else None
     started = time.perf_counter()
+    progress = Progress(f"evaluate {params.decoder}", len(pages), quiet_s=10.0)
     for first in range(0, len(pages), batch_size):
         chunk = pages[first : first + batch_size]
         results.extend(read_pages(engine, [dataset.load_image(p) for p in chunk], params, parsing, chunk, layout))
+        progress.update(chunk[-1].page_id, count=len(chunk))
     wall = time.perf_counter() - started
     page_scores = [score_page(r.text, p.markup) for p, r in zip(pages, results, strict=True)]
     return _decoder_evaluation(params.decoder, asdict(params), [p.page_id for p in pages], page_scores, results, wall,

@@ -32,7 +32,7 @@ Definitions follow OmniDocBench at commit 7bd6c2e (mirror ``pichiu/OmniDocBench`
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -338,6 +338,24 @@ class DatasetScores:
             flat[f"n_gt_{group}"] = float(self.gt_counts.get(group, 0))
             flat[f"n_pred_{group}"] = float(self.pred_counts.get(group, 0))
         return flat
+
+
+OVERALL_TERMS = (("text", "text_edit"), ("tables", "table_teds"), ("formulas", "formula_edit"))
+
+
+def present_terms(scores: Mapping[str, float | None]) -> list[str]:
+    """The Overall terms a set has ground truth for (``text``, ``tables``, ``formulas``)."""
+    return [name for name, key in OVERALL_TERMS if scores.get(key) is not None]
+
+
+def reported_overall(scores: Mapping[str, float | None]) -> tuple[float | None, str]:
+    """The one Overall every table, check and closing line shows, with its name: OmniDocBench's
+    when the pages have text, tables and formulas; else the mean of the terms present (a prose-only
+    Overall is capped at 33.3 by its missing terms), which is also what the gate reads then."""
+    present = present_terms(scores)
+    if len(present) == len(OVERALL_TERMS):
+        return scores.get("overall"), "Overall"
+    return scores.get("overall_present"), f"Overall of the terms present ({', '.join(present) or 'none'})"
 
 
 def _mean(values: list[float | None]) -> float | None:

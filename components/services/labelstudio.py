@@ -153,7 +153,7 @@ def label_studio_service(
     ]
     return ManagedService(
         name=name, command=command, health=lambda: _health_check(url), env=env,
-        cwd=_state_dir(name), startup_timeout_s=STARTUP_TIMEOUT_S, secrets=(creds.password, creds.api_key),
+        cwd=_state_dir(name), startup_timeout_s=STARTUP_TIMEOUT_S, secrets=(creds.password, creds.api_key), url=url,
     )
 
 

@@ -25,6 +25,10 @@ from pathlib import Path
 
 import requests
 
+from components.progress import waiting_line
+
+STARTUP_NOTE_S = 10.0  # a line every this many seconds while a service starts
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 VAR_DIR = Path(os.environ.get("DOCMARKUP_VAR", PROJECT_ROOT / "var"))
 LOOPBACK = "127.0.0.1"
@@ -107,6 +111,7 @@ class ManagedService:
     startup_timeout_s: float = 120.0
     secrets: Sequence[str] = ()  # values never written to the log (redacted from the command line)
     ports: Sequence[int] = ()  # where it listens: each must be free before it starts
+    url: str = ""  # where people and clients reach it; recorded at start, so status shows the port really used
 
     @property
     def state_dir(self) -> Path:
@@ -119,6 +124,19 @@ class ManagedService:
     @property
     def log_file(self) -> Path:
         return self.state_dir / "service.log"
+
+    @property
+    def url_file(self) -> Path:
+        return self.state_dir / "url"
+
+    def recorded_url(self) -> str | None:
+        """Where the running service listens, as recorded when it started (None: not running or unknown)."""
+        if not self.running():
+            return None
+        try:
+            return self.url_file.read_text().strip() or None
+        except FileNotFoundError:
+            return None
 
     def pid(self) -> int | None:
         """The PID recorded for this service, if that process is still alive."""
@@ -166,13 +184,21 @@ class ManagedService:
             )
         with open_private(self.pid_file, "w") as handle:
             handle.write(str(process.pid))
-        deadline = time.monotonic() + self.startup_timeout_s
+        began = time.monotonic()
+        deadline = began + self.startup_timeout_s
+        next_note = began + STARTUP_NOTE_S
         while time.monotonic() < deadline:
+            if time.monotonic() >= next_note:  # a start-up of half a minute is not a silent one
+                print(waiting_line(self.name, time.monotonic() - began, self.startup_timeout_s), flush=True)
+                next_note += STARTUP_NOTE_S
             if process.poll() is not None:
                 raise ServiceError(
                     f"{self.name} exited with code {process.returncode} during start-up; last log lines:\n{self.tail_log()}"
                 )
             if self.health():
+                if self.url:
+                    with open_private(self.url_file, "w") as handle:
+                        handle.write(self.url + "\n")
                 return process.pid
             time.sleep(0.5)
         self.stop()

@@ -27,7 +27,7 @@ def mlflow_service(port: int = 5000) -> ManagedService:
         "--default-artifact-root", (folder / "artifacts").resolve().as_uri(),
     ]
     return ManagedService("mlflow", command, health=lambda: http_ok(f"{url}/health"),
-                          env={"MLFLOW_ENABLE_TELEMETRY": "false"}, startup_timeout_s=90, ports=(port,))
+                          env={"MLFLOW_ENABLE_TELEMETRY": "false"}, startup_timeout_s=90, ports=(port,), url=url)
 
 
 PREFECT_PORT = 4200
@@ -51,4 +51,4 @@ def prefect_service(port: int = PREFECT_PORT) -> ManagedService:
     command = [str(VENV_BIN / "prefect"), "server", "start", "--host", LOOPBACK, "--port", str(port)]
     env = {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "true"}
     return ManagedService("prefect", command, health=lambda: http_ok(f"{url}/api/health"), env=env, startup_timeout_s=120,
-                          ports=(port,))
+                          ports=(port,), url=url)

@@ -459,6 +459,7 @@ def triton_server(
         env=triton_environment(runtime, env),
         cwd=PROJECT_ROOT,
         startup_timeout_s=startup_timeout_s,
+        url=f"http {LOOPBACK}:{ports.http}  grpc {LOOPBACK}:{ports.grpc}  metrics http://{LOOPBACK}:{ports.metrics}/metrics",
     )
     return TritonServer(name=name, ports=ports, model_repository=repository, service=service, shm_region_prefix=prefix)
 

@@ -85,7 +85,7 @@ def preannotate_dataset(
     resume: bool = True,
     page_ids: Iterable[str] | None = None,
     flush_every: int = 25,
-    progress: Callable[[str, PreAnnotation | None], None] | None = None,
+    progress: Callable[[Page, PreAnnotation | None], None] | None = None,
 ) -> PreAnnotationReport:
     """Annotate every page of ``dataset`` not yet annotated by this ``annotator.model_version``.
 
@@ -125,7 +125,7 @@ def preannotate_dataset(
                 logger.warning("pre-annotation skipped page %s: %s", page.page_id, exc)
                 journal.append({"page_id": page.page_id, "status": "failed", "model_version": version, "reason": str(exc)})
                 if progress:
-                    progress(page.page_id, None)
+                    progress(page, None)
                 continue
             annotation.markup = strip_image_tokens(annotation.markup)
             record = {"page_id": page.page_id, "status": "done", **annotation.to_json(),
@@ -133,7 +133,7 @@ def preannotate_dataset(
             journal.append(record)
             report.annotated.append(page.page_id)
             if progress:
-                progress(page.page_id, annotation)
+                progress(page, annotation)
             pending += 1
             if pending >= flush_every:
                 _fold(dataset, target, journal)
