@@ -162,7 +162,7 @@ def test_the_page_is_readable_and_its_boxes_stay_on_its_text(label_studio, brows
                 on_screen = line_height * image["h"] / page.height
                 assert on_screen >= MIN_TEXT_PX, f"body text {on_screen:.1f} px high; {where}"
                 # The first screen shows the page's first lines of text, not only its top margin.
-                first_text = min(e.box[1] for e in page.elements if e.category in ("title", "text"))
+                first_text = min(e.bbox[1] for e in page.elements if e.category in ("title", "text"))
                 first_line_bottom = image["y"] + (first_text + 2 * line_height) * image["h"] / page.height
                 assert first_line_bottom <= toolbar["y"], f"first text line at {first_line_bottom:.0f} px; {where}"
             _scroll_page_panel(browser, "bottom")

@@ -25,7 +25,11 @@ CURRENT_PREDICTION = "current"
 # the page is fitted to the width, and the labelling area scrolls; the editor comes below the page,
 # and the block view's per-box texts are in the region list beside it. The labelling area's image
 # container is found by its class prefix (CSS modules of Label Studio 1.23).
-PAGE_STYLE = """.lsf-main-view .lsf-object [class^="container--"] { max-height: none !important; }"""
+# The first screen must show the page's first lines of text (the page's top margin alone is ~300 px on a
+# 1366x768 laptop): the headers above the page are one short line each, in a small type, tight together.
+PAGE_STYLE = """.lsf-main-view .lsf-object [class^="container--"] { max-height: none !important; }
+.lsf-main-view h1, .lsf-main-view h2, .lsf-main-view h3, .lsf-main-view h4, .lsf-main-view h5, .lsf-main-view h6 {
+  font-size: 14px !important; line-height: 18px !important; margin: 2px 0 !important; }"""
 
 
 def _page_first_config(image_extra: str, edit_side: str) -> str:
@@ -62,7 +66,7 @@ _CATEGORY_COLOURS = {"title": "#d62728", "text": "#1f77b4", "table": "#2ca02c", 
 # Label Studio's OCR pattern: the pre-annotation's layout boxes as editable rectangles labelled by
 # category, one transcription per box (``perRegion``); the page markup is rebuilt from the boxes
 # in reading order on export. Headers and footers are boxes without markup (as in OmniDocBench).
-BLOCKS_LABEL_CONFIG = _page_first_config(f"""  <Header value="Select a box and fix its text in the region list (tables as HTML, formulas as LaTeX); draw missing boxes" size="6"/>
+BLOCKS_LABEL_CONFIG = _page_first_config(f"""  <Header value="Fix each box's text in the region list (tables: HTML, formulas: LaTeX); draw missing boxes" size="6"/>
   <RectangleLabels name="{LAYOUT_FIELD}" toName="{IMAGE_FIELD}" strokeWidth="2">
 {chr(10).join(f'    <Label value="{c}" background="{colour}"/>' for c, colour in _CATEGORY_COLOURS.items())}
   </RectangleLabels>
