@@ -120,7 +120,7 @@ def test_materialized_repository_points_both_models_at_the_model(model_dir, tmp_
             "model_uri": "models:/docmarkup@champion", "mlflow_tracking_uri": "sqlite:///x.db", "device": "cpu",
             "default_decoder": "sdb", "default_parse": "auto", "layout": "rapid-layout", "max_new_tokens_limit": "2048", "model_cache_dir": str(tmp_path / "cache"),
             "torch_threads": "1", "batching": "continuous", "overlap_prefill": "true", "max_waiting": "32", "engine_step": "default", "request_log_dir": "", "request_log_max_image_mb": "1024.0",
-            "request_log_retention_days": "30.0",
+            "request_log_retention_days": "30.0", "probe_key_file": "",
         }
         assert "count: 2" in text
         assert (repository / model / "1" / "model.py").read_text().count("deploy.triton.backend") == 1
