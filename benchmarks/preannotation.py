@@ -53,6 +53,7 @@ from components.curation.preannotate import PageAnnotationError, PreAnnotation, 
 from components.data.debian_docs import PackageFetchError, package_file
 from components.data.markup import parse_markup
 from components.data.pages import Page
+from components.data.scans import PROFILES, device_for, scan_page
 from components.data.text_layer import PageTruth, TextLine
 from components.data.text_layer import page_truth as layer_truth
 from components.evaluation.confidence import least_confident_share, rank_correlation
@@ -206,6 +207,10 @@ def score_page(bench: BenchPage, truth: PageTruth, annotation, seconds: float) -
         "table_teds": round(statistics.mean(table_teds), 4) if table_teds else None,
         "code_listings": len(bench.code), "code_as_table": code_as_table, "seconds": round(seconds, 3),
         "confidence": round(float(annotation.confidence), 6),
+        # a page with text read as (nearly) nothing: the front end missed what a person reads
+        "empty_with_ink": bool(truth.body_text().strip()) and len(normalized(markup_body_text(markup))) < 0.1 * max(
+            1, len(normalized(truth.body_text()))),
+        "flag": annotation.extra.get("empty_page_reason"),
     }
 
 
@@ -217,6 +222,8 @@ def summarize(rows: list[dict]) -> dict:
     return {
         "pages": len(rows),
         "body_text_edit": round(statistics.mean(r["body_text_edit"] for r in rows), 4),
+        "empty_with_ink": sum(r["empty_with_ink"] for r in rows),
+        "empty_flagged": sum(bool(r["empty_with_ink"] and r["flag"]) for r in rows),
         "furniture_removed": round(sum(r["furniture_removed"] for r in rows) / furniture, 4) if furniture else None,
         "tables_found": f"{sum(r['tables_found'] for r in rows)}/{tables}",
         "table_teds": round(statistics.mean(teds_values), 4) if teds_values else None,
@@ -282,6 +289,8 @@ def make_backends(names: list[str], model_dir: str | None, paddle_dir: str | Non
     }
     backends = {}
     for name in names:
+        if name.startswith("reader:"):  # another reader folder beside the shipped one: reader:DIR
+            configs[name] = {**configs["reader"], "model_dir": name.split(":", 1)[1]}
         if name not in configs:
             raise SystemExit(f"unknown backend {name!r}; choose from {sorted(configs)}")
         if name == "paddleocr_vl" and not paddle_dir:
@@ -308,7 +317,7 @@ def annotate(name: str, annotator, bench: BenchPage, image: Image.Image, record)
     the backend refuses (``pdf-text`` without a usable layer) scores as an empty page, reason kept."""
 
     try:
-        if name != "auto_scan" and hasattr(annotator, "annotate_page"):
+        if name != "auto_scan" and record is not None and hasattr(annotator, "annotate_page"):
             return annotator.annotate_page(record, image)
         return annotator.annotate(image, bench.name)
     except PageAnnotationError as exc:
@@ -406,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--truth", choices=["pdfium", "pdftotext"], default="pdfium",
                         help="body truth: the text layer read by pdfium (default) or by poppler's pdftotext "
                              "(an independent extractor: Debian's poppler-utils)")
+    parser.add_argument("--scan", default=None, metavar="PROFILE[,PROFILE...]",
+                        help=f"read the pages as scans: each document through its own device of the profile "
+                             f"({', '.join(PROFILES)}; components/data/scans.py), as bare images (no text layer)")
     parser.add_argument("--out", default=str(VAR_DIR / "bench" / "preannotation"))
     args = parser.parse_args(argv)
 
@@ -426,12 +438,47 @@ def main(argv: list[str] | None = None) -> int:
     for annotator in backends.values():  # load weights outside the timed pages
         with contextlib.suppress(PageAnnotationError):  # pdf-text refuses a bare image
             annotator.annotate(pages[0][1], "warmup")
+    if args.scan:
+        results = {}
+        for profile in args.scan.split(","):
+            scanned = [(bench, scan_page(image, DPI, device_for(profile, bench.document), seed=bench.index), truth, None)
+                       for bench, image, truth, _ in pages]
+            print(f"\n######## scans: profile {profile} "
+                  f"({', '.join(sorted({device_for(profile, b.document).name for b, *_ in scanned}))})")
+            results[profile] = read_and_report(backends, scanned, args.repeats, out / f"scan-{profile}")
+        print("\nbody text edit per profile (mean over pages; worst page ratio to the first backend):")
+        first = next(iter(backends))
+        for profile, by_backend in results.items():
+            line = [f"{profile:<8}"]
+            for name, result in by_backend.items():
+                line.append(f"{name} {result['summary']['body_text_edit']:.4f}")
+                if name != first:
+                    ratios = [r["body_text_edit"] / max(f["body_text_edit"], 0.005) for r, f in
+                              zip(result["pages"], by_backend[first]["pages"], strict=True)]
+                    mean_ratio = result["summary"]["body_text_edit"] / max(by_backend[first]["summary"]["body_text_edit"], 1e-4)
+                    line.append(f"({mean_ratio:.2f}x {first}, worst page {max(ratios):.2f}x)")
+                line.append(f"empty-with-ink {result['summary']['empty_with_ink']}")
+            print("  ".join(line))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "scans.json").write_text(json.dumps(results, indent=1))
+        print(f"\nwrote {out / 'scans.json'}")
+        return 0
+    results = read_and_report(backends, pages, args.repeats, out)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"\nwrote {out / 'results.json'}")
+    return 0
+
+
+def read_and_report(backends: dict, pages: list, repeats: int, out: Path) -> dict:
+    """Every backend on every page, interleaved page by page (so load drifts hit all alike); per-page
+    rows and a summary per backend, printed. A page without its PDF (``pdf_path`` None: a scan) is
+    given to every backend as a bare image."""
     rows: dict[str, list[dict]] = {name: [] for name in backends}
-    for bench, image, truth, pdf_path in pages:  # backends interleaved page by page, so load drifts hit all alike
-        record = page_record(bench, pdf_path, image)
+    for bench, image, truth, pdf_path in pages:
+        record = page_record(bench, pdf_path, image) if pdf_path is not None else None
         for name, annotator in backends.items():
             seconds = []
-            for _ in range(args.repeats):
+            for _ in range(repeats):
                 started = time.perf_counter()
                 annotation = annotate(name, annotator, bench, image, record)
                 seconds.append(time.perf_counter() - started)
@@ -453,9 +500,7 @@ def main(argv: list[str] | None = None) -> int:
             ratios = [a["seconds"] / b["seconds"] for a, b in zip(results[name]["pages"], results[first]["pages"], strict=True)]
             print(f"time {name} / {first}: median {statistics.median(ratios):.2f}x "
                   f"(pages {min(ratios):.2f}x..{max(ratios):.2f}x)")
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    print(f"\nwrote {out / 'results.json'}")
-    return 0
+    return results
 
 
 if __name__ == "__main__":

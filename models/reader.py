@@ -118,6 +118,10 @@ class ReaderConfig(PreTrainedConfig):
     # collapsed CTC reading and training departs from it only where the data says so. 0 = none (the
     # readers trained before it). A line separator slot stands for ``separator_token_id`` (a space).
     copy_prior: float = 0.0
+    # The least weight the copy prior keeps where the recogniser was unsure of a character (its CTC
+    # probability is the weight otherwise): on scans the recogniser is unsure of many characters, and a
+    # decoder that has not learned them writes worse than the copy. 0 = the probability as it is.
+    copy_floor: float = 0.0
     separator_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -622,7 +626,7 @@ class ReaderForConditionalGeneration(Qwen2DecoderMixin, PreTrainedModel):
         inside = (aligned >= 0) & (aligned < n_prefix)
         slot = aligned.clamp(0, n_prefix - 1)
         target = torch.gather(slot_tokens, 1, slot)
-        weight = torch.gather(slot_weights, 1, slot) * (inside & (target >= 0))
+        weight = torch.gather(slot_weights, 1, slot).clamp(min=float(self.config.copy_floor)) * (inside & (target >= 0))
         bias = torch.zeros_like(logits)
         bias.scatter_(-1, target.clamp(min=0)[..., None], weight[..., None].to(logits.dtype))
         return logits + self.copy_gate.to(logits.dtype) * bias

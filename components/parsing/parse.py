@@ -104,6 +104,8 @@ class PageParse:
     height: int
     elements: list[ParsedElement] = field(default_factory=list)  # in reading order
     reason: str | None = None  # set when nothing could be read
+    # The page carries ink a person reads but (nearly) nothing was read: why (confidence 0).
+    empty_page_reason: str | None = None
 
     @property
     def markup(self) -> str:
@@ -120,8 +122,9 @@ class PageParse:
 
     @property
     def confidence(self) -> float:
-        """Token-weighted mean confidence of the decoded elements (0 when none was decoded)."""
-        return self.stats.mean_confidence
+        """Token-weighted mean confidence of the decoded elements (0 when none was decoded, and
+        when a page with ink was read as empty)."""
+        return 0.0 if self.empty_page_reason else self.stats.mean_confidence
 
     @property
     def truncated(self) -> bool:
@@ -200,6 +203,8 @@ def front_end_parse(page: FrontEndPage) -> PageParse:
             element.confidence = result.stats.mean_confidence
     if not page.blocks:
         parse.reason = NO_LINES
+    if page.empty_reason:
+        parse.reason = parse.empty_page_reason = page.empty_reason
     return parse
 
 

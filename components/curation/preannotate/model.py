@@ -89,7 +89,10 @@ class ModelAnnotator:
             elements = [LayoutElement(_our_category(e.category), e.box, element_content(e.markup)) for e in result.parse.elements]
             failed = [e.error for e in result.parse.elements if e.error]
             extra |= {"layout": self.parsing.layout, "reason": result.parse.reason, "failed_elements": len(failed)}
-        return PreAnnotation(strip_image_tokens(result.text), stats.mean_confidence, self.model_version, elements, extra)
+            if result.parse.empty_page_reason:
+                extra["empty_page_reason"] = result.parse.empty_page_reason
+        confidence = result.parse.confidence if result.parse is not None else stats.mean_confidence
+        return PreAnnotation(strip_image_tokens(result.text), confidence, self.model_version, elements, extra)
 
 
 def _our_category(category: str) -> str:

@@ -58,5 +58,7 @@ class RapidOCRAnnotator:
         return PreAnnotation(
             strip_image_tokens(page.markup), page.confidence, self.model_version, page.elements,
             {"lines": len(page.read_lines), "regions": len(page.regions), "seconds": round(page.seconds, 4),
-             "confidence_source": "recognition_score", "tables": page.table_makers},
+             "confidence_source": "recognition_score", "tables": page.table_makers,
+             **({"normalised": page.normalised} if page.normalised else {}),
+             **({"empty_page_reason": page.empty_reason} if page.empty_reason else {})},
         )

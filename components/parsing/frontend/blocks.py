@@ -54,6 +54,9 @@ class FrontEndConfig:
     detect_columns: bool = True  # two-column pages are read column by column
     drop_page_furniture: bool = True  # headers, footers and page numbers become layout-only elements
     margin_fraction: float = 0.15  # where the heuristics look for furniture, as a fraction of page height
+    # Scans are flattened, denoised, deskewed and brought to the detector's scale before detection
+    # (components/parsing/frontend/normalise.py); a clean render is read as it is either way.
+    normalise_scans: bool = True
 
     def __post_init__(self) -> None:
         if self.layout_model not in (None, "rapid_layout"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from PIL import Image
 
@@ -13,6 +13,8 @@ from components.data.markup import BLOCK_CATEGORIES, MarkupBlock, render_markup
 from components.data.pages import LayoutElement
 from components.parsing.frontend.blocks import Block, Blocks, FrontEndConfig
 from components.parsing.frontend.detector import TextLineDetector
+from components.parsing.frontend.lines import LineBox
+from components.parsing.frontend.normalise import NormalisedPage, normalise_page
 from components.parsing.frontend.sources import LineSource
 from components.parsing.layout import LayoutRegion, RapidLayoutModel
 
@@ -24,6 +26,10 @@ class FrontEndPage:
     blocks: list[Block] = field(default_factory=list)  # in reading order
     regions: list[LayoutRegion] = field(default_factory=list)
     seconds: float = 0.0
+    normalised: list[str] = field(default_factory=list)  # what was done to a scan before detection
+    # Set when the page carries ink a person would read but the front end read (nearly) nothing:
+    # the page then has confidence 0 (first in the annotators' queue) and this says why.
+    empty_reason: str | None = None
 
     @property
     def content_blocks(self) -> list[Block]:
@@ -45,7 +51,10 @@ class FrontEndPage:
 
     @property
     def confidence(self) -> float:
-        """The kept lines' scores weighted by their characters (0 on a page without text)."""
+        """The kept lines' scores weighted by their characters (0 on a page without text, and on a
+        page with ink read as empty)."""
+        if self.empty_reason:
+            return 0.0
         lines = self.read_lines
         chars = sum(len(line.text) for line in lines)
         return sum(line.score * len(line.text) for line in lines) / chars if chars else 0.0
@@ -68,11 +77,47 @@ class PageFrontEnd:
         self.blocks = Blocks(config)
 
     def read(self, image: Image.Image, source: LineSource) -> FrontEndPage:
+        """The page's blocks in its own pixels; a scan is read from its normalised image."""
         started = time.perf_counter()
-        lines = source.read(image, self.detector)
-        regions = self.layout.regions(image) if self.layout is not None and lines else []
-        blocks = self.blocks.build(lines, image.size, regions, image)
-        return FrontEndPage(image.width, image.height, blocks, regions, time.perf_counter() - started)
+        normalised = normalise_page(image) if self.config.normalise_scans else NormalisedPage(image)
+        work = normalised.image
+        lines = source.read(work, self.detector)
+        regions = self.layout.regions(work) if self.layout is not None and lines else []
+        blocks = self.blocks.build(lines, work.size, regions, work)
+        if normalised.scale != 1.0:
+            blocks, regions = _in_page_pixels(blocks, regions, normalised.scale)
+        page = FrontEndPage(image.width, image.height, blocks, regions, time.perf_counter() - started,
+                            normalised=normalised.steps)
+        page.empty_reason = empty_page_reason(page, normalised)
+        return page
+
+
+MIN_INK_SHARE = 0.004  # of the page's area: a page with this much ink has something to read
+MIN_READ_CHARACTERS = 20  # fewer characters read from such a page is reading nothing
+
+
+def empty_page_reason(page: FrontEndPage, normalised: NormalisedPage) -> str | None:
+    """Why a page with ink was read as (nearly) empty, or None. A page of figures and tables only
+    is not empty: their regions hold its ink."""
+    characters = sum(len(line.text) for line in page.read_lines)
+    if normalised.ink_share < MIN_INK_SHARE or characters >= MIN_READ_CHARACTERS:
+        return None
+    if any(b.category in ("figure", "table") for b in page.blocks) or any(
+            r.category in ("figure", "table") for r in page.regions):
+        return None
+    done = f" after {', '.join(normalised.steps)}" if normalised.steps else ""
+    return (f"ink covers {normalised.ink_share:.1%} of the page but {characters} characters were read{done}: "
+            "the text is too small, faint or noisy for the detector; read this page by hand")
+
+
+def _in_page_pixels(blocks: list[Block], regions: list[LayoutRegion], scale: float) -> tuple[list[Block], list[LayoutRegion]]:
+    """Blocks and regions found on an upscaled page, in the page's own pixels."""
+    def line(box: LineBox) -> LineBox:
+        return replace(box, x0=box.x0 / scale, y0=box.y0 / scale, x1=box.x1 / scale, y1=box.y1 / scale,
+                       parts=[line(part) for part in box.parts])
+
+    return ([replace(block, lines=[line(x) for x in block.lines]) for block in blocks],
+            [replace(region, box=tuple(v / scale for v in region.box)) for region in regions])
 
 
 @functools.cache
