@@ -3,7 +3,8 @@ low-resolution pages brought to the detector's working scale; and the ink a page
 page a person can read never comes back empty without a reason.
 
 A born-digital render (white paper, no noise, no skew) is returned untouched, so clean pages read
-exactly as before. A scan is recognised by its paper (darker than white or uneven) or its sensor
+exactly as before; a clean but skewed or very low-resolution page (a fax: binarised, white) is only
+deskewed and upscaled. A scan is recognised by its paper (darker than white) or its sensor
 noise; then, in order:
 
 1. background flattening: the page divided by its background (a max filter over a downsampled page:
@@ -24,7 +25,7 @@ import numpy as np
 from PIL import Image, ImageFilter
 
 WHITE_PAPER = 250  # a render's paper: at least this bright
-UNEVEN = 6.0  # grey levels of background variation from which a page counts as a scan
+BILEVEL_SHARE = 0.97  # a page whose pixels are this much pure black or white was binarised (a fax)
 NOISY = 3.0  # the paper's noise (grey levels, median absolute deviation) from which it counts as a scan
 DENOISE_FROM = 6.0  # noise from which the page is median-filtered
 MAX_SKEW = 3.0  # degrees searched for skew
@@ -58,16 +59,28 @@ def normalise_page(image: Image.Image) -> NormalisedPage:
     paper = float(np.median(background))
     spread = float(np.percentile(background, 95) - np.percentile(background, 5))
     noise = _paper_noise(pixels, background)
-    scan = paper < WHITE_PAPER or spread > UNEVEN or noise > NOISY
-    if not scan:  # a render or a clean binarised page (a fax): only a very low resolution is helped
+    # White noiseless paper is no scan, however uneven its background (a render's figures darken it).
+    scan = paper < WHITE_PAPER or noise > NOISY
+    if not scan:  # a render or a clean binarised page (a fax): only skew and a fax's low resolution are undone
         ink = pixels < paper - INK_LEVEL
+        angle = _skew(ink)
+        bilevel = float(((pixels < 16) | (pixels > 239)).mean()) > BILEVEL_SHARE
+        small = bilevel and 0 < _line_height(ink) < FAX_LINE_HEIGHT
+        if abs(angle) < MIN_SKEW and not small:
+            return NormalisedPage(image, ink_share=float(ink.mean()))  # a render: read as it is
+        page, steps = gray, []
+        if abs(angle) >= MIN_SKEW:
+            page = page.rotate(-angle, resample=Image.Resampling.BICUBIC, fillcolor=255)
+            steps.append(f"deskewed {angle:+.2f}°")
+            ink = np.asarray(page) < paper - INK_LEVEL
+        scale = 1.0
         line = _line_height(ink)
-        if 0 < line < FAX_LINE_HEIGHT:
+        if bilevel and 0 < line < FAX_LINE_HEIGHT:
             scale = min(MAX_UPSCALE, MIN_LINE_HEIGHT / line)
-            page = gray.resize((round(gray.width * scale), round(gray.height * scale)), Image.Resampling.LANCZOS)
-            return NormalisedPage(page.convert("RGB"), scale=scale, steps=[f"upscaled {scale:.2f}x (text lines {line:.0f} px)"],
-                                  ink_share=float(ink.mean()))
-        return NormalisedPage(image, ink_share=float(ink.mean()))
+            page = page.resize((round(page.width * scale), round(page.height * scale)), Image.Resampling.LANCZOS)
+            steps.append(f"upscaled {scale:.2f}x (text lines {line:.0f} px)")
+        return NormalisedPage(page.convert("RGB"), scale=scale, angle=-angle if abs(angle) >= MIN_SKEW else 0.0,
+                              steps=steps, ink_share=float(ink.mean()))
     steps = [f"scan (paper {paper:.0f}, unevenness {spread:.0f}, noise {noise:.1f})"]
     flat = np.clip(pixels / np.maximum(background, 1.0) * 255.0, 0, 255)
     darkest = float(np.percentile(flat, 0.5))  # the page's darkest ink: stretched to black
