@@ -370,13 +370,9 @@ def test_the_copy_wins_where_the_recogniser_is_unsure_unless_the_decoder_is_sure
     """``copy_floor``: where the recogniser gave its character 0.3, a decoder that prefers another
     byte by 8 logits wrote that byte (0.3 x 12 = 3.6 < 8) and so read worse than the copy on scans;
     with the floor at 1 the copy keeps its full 12 and wins; a decoder surer than that still departs."""
-    import copy
-
     import torch
 
     model, _ = reader
-    floored = copy.deepcopy(model)
-    floored.config.copy_floor = 1.0
     vocab, copied, preferred = 300, 65, 66
     logits = torch.zeros(1, 1, vocab)
     logits[0, 0, preferred] = 8.0
@@ -384,7 +380,12 @@ def test_the_copy_wins_where_the_recogniser_is_unsure_unless_the_decoder_is_sure
     positions = torch.tensor([[n_prefix]])  # token 0 sits at the first character's slot (slot 2)
     slot_tokens = torch.tensor([[-1, -1, copied, 2]])
     unsure = torch.tensor([[1.0, 1.0, 0.3, 1.0]])
+    assert model.config.copy_floor == 0.0
     assert int(model.copy_bias(logits, positions, slot_tokens, unsure).argmax()) == preferred
-    assert int(floored.copy_bias(logits, positions, slot_tokens, unsure).argmax()) == copied
-    logits[0, 0, preferred] = 14.0  # a decoder that learned better than the copy
-    assert int(floored.copy_bias(logits, positions, slot_tokens, unsure).argmax()) == preferred
+    model.config.copy_floor = 1.0
+    try:
+        assert int(model.copy_bias(logits, positions, slot_tokens, unsure).argmax()) == copied
+        logits[0, 0, preferred] = 14.0  # a decoder that learned better than the copy
+        assert int(model.copy_bias(logits, positions, slot_tokens, unsure).argmax()) == preferred
+    finally:
+        model.config.copy_floor = 0.0
