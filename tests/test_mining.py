@@ -244,7 +244,7 @@ def test_a_model_consistent_on_every_page_leaves_no_hard_store_and_nothing_to_qu
     from components.pipeline import load_pipeline_config
     from lifecycle.curation import collect_hard_examples
 
-    cfg = load_pipeline_config("configs/pipeline/demo.yaml", {"data_dir": str(tmp_path / "data")})
+    cfg = load_pipeline_config("configs/pipeline/demo.yaml", {"repo_root": str(tmp_path), "data_dir": "data"})
     generate_dataset(cfg.split_dir("train"), 2, seed=5)  # never mined: no page is hard
     summary, predictions = collect_hard_examples(cfg, "models/pretrained/docmarkup-base", [])
     assert predictions == [] and summary["hard"] == 0

@@ -385,7 +385,7 @@ class TritonPythonModel:
             for element in result.parse.elements:
                 outcome = "error" if element.error else "skipped" if element.skipped else "decoded"
                 metrics.record_element(params.decoder, element.category, outcome,
-                                            element.confidence if outcome == "decoded" else None)
+                                       element.confidence if outcome == "decoded" else None)
 
     def _metrics_of(self, page: _StreamedPage | tuple) -> BackendMetrics:
         """Where one page's observations go: nowhere for the platform's own probes (``parsed[4]``)."""
