@@ -23,7 +23,7 @@ from components.services.process import VAR_DIR
 from deploy.triton.client import DocMarkupClient
 from deploy.triton.model_source import expected_model
 from deploy.triton.repository import materialize_repository
-from deploy.triton.server import TritonPorts, start_triton
+from deploy.triton.server import TritonPorts, probe_key_file, start_triton
 from lifecycle.deployment import served_model
 from models.loading import save_markup_model
 from tests.test_triton_server import chaotic_model, png, register_folder, throwaway_registry
@@ -71,7 +71,7 @@ def test_deploying_a_then_b_ten_times_into_one_running_server_serves_each(two_re
         for deploy in range(10):
             model = NAMES[(deploy + 1) % 2]
             uri = f"models:/{model}@champion"
-            materialize_repository(uri, repository, **options)
+            materialize_repository(uri, repository, probe_key_file=probe_key_file(name), **options)
             server.reload_models()
             served = served_model(server, expected_model(uri, tracking_uri), timeout_s=60)
             assert served["registered_name"] == model, f"deploy {deploy}: serving {served}"
